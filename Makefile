@@ -1,0 +1,40 @@
+# `make demo` and `make test` each set up .venv when missing (torch pinned first), then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_PIN := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-slow demo lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the project metadata changes; a second run is a no-op.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m experiments.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) -m experiments.bench_sim
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun

@@ -1,0 +1,165 @@
+"""Training-progress model: gradient noise, statistical efficiency and validation accuracy.
+
+Calibrated from real convergence traces (Pollux artifact) by ``python -m experiments.fit_reference``;
+the fitted parameters live in ``sim/data/convergence_models.json``.
+
+Progress is counted in steps of the base batch ``M0`` (as in the traces and in Pollux): one
+optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch steps.
+
+    |G|^2(p)          = exp(PCHIP(progress_knots, log_grad_sqr)(p))      # true gradient, squared
+    tr(Sigma)/M0 (p)  = exp(PCHIP(progress_knots, log_grad_var)(p))      # per-M0-batch variance
+    B_noise(p)        = M0 * grad_var / grad_sqr                         # McCandlish's B_simple
+    E(M, p)           = (B_noise + M0) / (B_noise + M)                   # statistical efficiency
+    r_ada(M, p)       = (M / M0) * E(M, p)                               # AdaScale gain
+    r(M, p)           = adascale: r_ada
+                        linear:   min(M / M0, r_ada)       (= r_ada: the LR keeps up with the batch)
+                        sqrt:     min(sqrt(M / M0), r_ada)
+                        none:     min((M / M0) ** none_exponent, r_ada)
+
+Accuracy depends on progress and on the batch the model has been trained with lately
+(the generalisation gap of large batches), remembered as an exponential moving average ``m`` of
+log2(M) over progress with time constant ``batch_memory_progress``:
+
+    ceiling(m)    = acc_ceiling - gap_per_doubling * max(0, log2(m / ref_batch))
+    stretch(m)    = max(1, m / ref_batch) ** stretch_exponent
+    acc(p, m)     = acc_chance + (ceiling(m) - acc_chance) * shape(p / stretch(m))
+
+``shape`` is a monotone PCHIP through fitted knots, 0 at x = 0 and 1 at the last knot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.interpolate import PchipInterpolator
+
+from sim.datafiles import data_path, load_param_table
+from sim.validation import check_choice, check_positive, check_range
+
+CONVERGENCE_MODELS_FILE = "convergence_models.json"
+LR_RULES = ("adascale", "linear", "sqrt", "none")
+
+#: Resolution of the lookup tables that replace spline calls on the simulator's hot path.
+_TABLE_POINTS = 4096
+
+
+@dataclass(frozen=True)
+class ConvergenceParams:
+    """Fitted convergence model of one workload (see the module docstring for the equations)."""
+
+    name: str
+    base_batch: int  # M0
+    total_progress: float  # progress at which the reference runs ended
+    progress_knots: tuple[float, ...]
+    log_grad_sqr: tuple[float, ...]
+    log_grad_var: tuple[float, ...]
+    acc_chance: float
+    acc_ceiling: float
+    ref_batch: float
+    gap_per_doubling: float
+    stretch_exponent: float
+    shape_x: tuple[float, ...]  # knots of shape(), in progress units of the reference batch
+    shape_y: tuple[float, ...]
+    batch_memory_progress: float
+    none_exponent: float = 0.0
+    train_gap: float = 0.0  # training-batch accuracy above validation accuracy, at the end
+    fit_rmse: float = float("nan")  # RMSE of accuracy over the traces, metric units
+
+    def __post_init__(self) -> None:
+        n = self.name
+        check_range(f"{n}.base_batch", self.base_batch, 1)
+        check_positive(f"{n}.total_progress", self.total_progress)
+        if not (len(self.progress_knots) == len(self.log_grad_sqr) == len(self.log_grad_var) >= 2):
+            raise ValueError(f"{n}: progress_knots, log_grad_sqr and log_grad_var need equal lengths >= 2")
+        if len(self.shape_x) != len(self.shape_y) or len(self.shape_x) < 2:
+            raise ValueError(f"{n}: shape_x and shape_y need equal lengths >= 2")
+        check_range(f"{n}.acc_chance", self.acc_chance, 0.0, 1.0)
+        check_range(f"{n}.acc_ceiling", self.acc_ceiling, self.acc_chance, 1.0)
+        check_range(f"{n}.gap_per_doubling", self.gap_per_doubling, 0.0, 1.0)
+        check_positive(f"{n}.ref_batch", self.ref_batch)
+        check_positive(f"{n}.batch_memory_progress", self.batch_memory_progress)
+        check_range(f"{n}.none_exponent", self.none_exponent, 0.0, 1.0)
+        check_range(f"{n}.train_gap", self.train_gap, 0.0, 1.0)
+
+
+def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:
+    return load_param_table(
+        ConvergenceParams, path or data_path(CONVERGENCE_MODELS_FILE), ("name",)
+    )
+
+
+def convergence_params(name: str, path: str | Path | None = None) -> ConvergenceParams:
+    table = convergence_table(path)
+    check_choice("convergence model", name, {k for (k,) in table})
+    return table[(name,)]
+
+
+class ConvergenceModel:
+    """Evaluates :class:`ConvergenceParams` quickly (table lookups, no spline calls per step)."""
+
+    def __init__(self, params: ConvergenceParams, lr_rule: str = "adascale") -> None:
+        self.params = params
+        self.lr_rule = check_choice("lr_rule", lr_rule, LR_RULES)
+        self.base_batch = params.base_batch
+        knots = np.asarray(params.progress_knots, dtype=np.float64)
+        # Tabulate on a fine grid once; np.interp on the grid is ~50x cheaper than a PCHIP call.
+        self._grid = np.linspace(0.0, knots[-1], _TABLE_POINTS)
+        self._log_sqr = PchipInterpolator(knots, params.log_grad_sqr, extrapolate=True)(self._grid)
+        self._log_var = PchipInterpolator(knots, params.log_grad_var, extrapolate=True)(self._grid)
+        sx = np.asarray(params.shape_x, dtype=np.float64)
+        self._shape_grid = np.linspace(0.0, sx[-1], _TABLE_POINTS)
+        self._shape = np.clip(PchipInterpolator(sx, params.shape_y)(self._shape_grid), 0.0, 1.0)
+
+    # --- gradient statistics -------------------------------------------------------------------
+    def grad_stats(self, progress: float) -> tuple[float, float]:
+        """(|G|^2, tr(Sigma)/M0) at ``progress``; held constant past the last knot."""
+        g = float(np.exp(np.interp(progress, self._grid, self._log_sqr)))
+        v = float(np.exp(np.interp(progress, self._grid, self._log_var)))
+        return g, v
+
+    def noise_scale(self, progress: float) -> float:
+        g, v = self.grad_stats(progress)
+        return self.base_batch * v / g
+
+    def efficiency(self, global_batch: float, progress: float) -> float:
+        b = self.noise_scale(progress)
+        return (b + self.base_batch) / (b + global_batch)
+
+    def progress_per_step(self, global_batch: float, progress: float) -> float:
+        """Base-batch steps advanced by one optimiser step at ``global_batch`` (rule dependent)."""
+        scale = global_batch / self.base_batch
+        r_ada = scale * self.efficiency(global_batch, progress)
+        if self.lr_rule in ("adascale", "linear"):
+            return r_ada
+        if self.lr_rule == "sqrt":
+            return min(math.sqrt(scale), r_ada)
+        return min(scale**self.params.none_exponent, r_ada)
+
+    # --- accuracy --------------------------------------------------------------------------------
+    def initial_batch_memory(self, global_batch: float) -> float:
+        return math.log2(global_batch)
+
+    def update_batch_memory(self, memory_log2: float, global_batch: float, d_progress: float) -> float:
+        """EMA (over progress) of log2 of the global batch."""
+        w = 1.0 - math.exp(-d_progress / self.params.batch_memory_progress)
+        return memory_log2 + w * (math.log2(global_batch) - memory_log2)
+
+    def ceiling(self, memory_log2: float) -> float:
+        p = self.params
+        doublings = max(0.0, memory_log2 - math.log2(p.ref_batch))
+        return max(p.acc_chance, p.acc_ceiling - p.gap_per_doubling * doublings)
+
+    def accuracy(self, progress: float, memory_log2: float) -> float:
+        """True validation accuracy (a fraction) at ``progress``."""
+        p = self.params
+        stretch = max(1.0, 2.0 ** (memory_log2 - math.log2(p.ref_batch))) ** p.stretch_exponent
+        s = float(np.interp(progress / stretch, self._shape_grid, self._shape))
+        return p.acc_chance + (self.ceiling(memory_log2) - p.acc_chance) * s
+
+    def train_accuracy(self, progress: float, memory_log2: float) -> float:
+        """Accuracy on training batches: validation accuracy plus a gap that opens with progress."""
+        frac = min(1.0, progress / self.params.total_progress)
+        return min(1.0, self.accuracy(progress, memory_log2) + self.params.train_gap * frac)

@@ -75,7 +75,7 @@ def mixed_cluster(counts: dict[str, int], name: str | None = None) -> ClusterSpe
 def default_cluster(workers: int = 8, t4_fraction: float = 0.5) -> ClusterSpec:
     """The default heterogeneous mix: ``round(workers * t4_fraction)`` T4s beside V100s."""
     check_int("workers", workers, 1, 4096)
-    n_t4 = int(round(workers * t4_fraction))
+    n_t4 = round(workers * t4_fraction)
     return mixed_cluster({"T4": n_t4, "V100": workers - n_t4}, name=f"t4v100x{workers}")
 
 

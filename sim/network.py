@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.hardware import smooth_max
 from sim.datafiles import data_path, load_param_table, lookup_pair
+from sim.hardware import smooth_max
 from sim.validation import check_range
 
 COMM_MODELS_FILE = "comm_models.json"

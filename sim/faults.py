@@ -431,9 +431,7 @@ class FaultInjector:
     def _window(self, window: FaultWindow) -> Iterator:
         yield self.env.timeout(window.start_s)
         if window.kind == "interference":
-            fault = ActiveFault(
-                "interference", window.worker, window.factor, host_slowdown=window.factor
-            )
+            fault = ActiveFault("interference", window.worker, window.factor, host_slowdown=window.factor)
         elif window.kind == "congestion":
             loss = self.scenario.network.congestion_loss_rate[1]
             fault = ActiveFault("congestion", -1, window.factor, loss_rate=loss)

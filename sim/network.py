@@ -89,9 +89,7 @@ class CommModel:
         self.base_sync_s = size_scale * max(p.sync_time_s(replicas, nodes) for p in params)
         self.gamma = min(p.gamma for p in params)  # the least overlap of the types present
         # Ring all-reduce: each worker sends (and receives) 2 (R - 1) / R of the gradient.
-        self.bytes_per_iteration = (
-            2.0 * (replicas - 1) / replicas * self.model_bytes if replicas > 1 else 0.0
-        )
+        self.bytes_per_iteration = 2.0 * (replicas - 1) / replicas * self.model_bytes if replicas > 1 else 0.0
 
     def sync_time_s(self, bandwidth_factor: float = 1.0, extra_latency_s: float = 0.0) -> float:
         """T_sync under jitter: bandwidth scaled by ``bandwidth_factor`` (<= 1 is slower), plus

@@ -77,6 +77,13 @@ class IntervalReport:
     events: tuple[str, ...] = ()  # faults or failures that started or ended during the interval
     truth: Mapping[str, Any] | None = field(default=None, repr=False)
 
+    def __deepcopy__(self, memo: dict) -> IntervalReport:
+        # Reports are immutable records (vectorised envs deep-copy infos every step): share them.
+        return self
+
+    def __copy__(self) -> IntervalReport:
+        return self
+
     @property
     def num_workers(self) -> int:
         return int(self.local_batch.shape[0])
@@ -105,8 +112,14 @@ class IntervalReport:
                 raise ValueError(f"IntervalReport.{name} holds non-finite values: {arr}")
             if arr.dtype != bool and np.any(arr < 0):
                 raise ValueError(f"IntervalReport.{name} holds negative values: {arr}")
-        for name in ("interval_time_s", "wall_time_s", "comm_time_s", "global_grad_sqr",
-                     "val_accuracy", "val_loss"):
+        for name in (
+            "interval_time_s",
+            "wall_time_s",
+            "comm_time_s",
+            "global_grad_sqr",
+            "val_accuracy",
+            "val_loss",
+        ):
             v = float(getattr(self, name))
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"IntervalReport.{name} must be finite and >= 0, got {v}")

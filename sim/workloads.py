@@ -26,6 +26,7 @@ class Workload:
     target_accuracy: float  # validation accuracy (fraction) that ends an episode
     num_classes: int
     val_samples: int  # validation-set size: sets the measurement noise of validation accuracy
+    sample_bytes: float = 32 * 32 * 3 * 4  # one decoded input sample (float32 tensor)
     lr_rule: str = "adascale"
     flops_scale: float = 1.0  # GPU work per sample relative to the measured application's model
     initial_local_batch: int = 128
@@ -81,6 +82,7 @@ WORKLOADS: dict[str, Workload] = {
             target_accuracy=0.74,
             num_classes=1000,
             val_samples=50_000,
+            sample_bytes=224 * 224 * 3 * 4,
             initial_local_batch=64,
             time_budget_s=48 * 3600.0,
         ),

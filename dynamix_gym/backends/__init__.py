@@ -1,0 +1,5 @@
+"""Backends implementing :class:`dynamix_gym.backend.Backend`."""
+
+from dynamix_gym.backends.sim_backend import SimBackend
+
+__all__ = ["SimBackend"]

@@ -1,0 +1,66 @@
+"""The simulator as a backend."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dynamix_gym.backend import BackendSpec, IntervalReport
+from sim.cluster import ClusterSpec, default_cluster, get_cluster
+from sim.engine import Simulator
+from sim.faults import Scenario
+from sim.workloads import Workload
+
+
+class SimBackend:
+    """Wraps :class:`sim.engine.Simulator` in the backend protocol.
+
+    Args:
+        cluster: preset name or :class:`ClusterSpec`; ignored when ``workers`` is given.
+        workers: build the default T4/V100 mix with this many workers.
+        workload, scenario: preset names or specs.
+        initial_batch: local batch of every worker in the first interval (default: the workload's,
+            limited to each worker's range).
+        **sim_kwargs: passed to :class:`Simulator` (``reconfig_delay_s``, ``min_batch``, ``lr_rule``).
+    """
+
+    def __init__(
+        self,
+        cluster: str | ClusterSpec = "t4v100",
+        workload: str | Workload = "cifar10",
+        scenario: str | Scenario = "static_hetero",
+        *,
+        workers: int | None = None,
+        initial_batch: int | None = None,
+        time_budget_s: float | None = None,
+        **sim_kwargs,
+    ) -> None:
+        spec = default_cluster(workers) if workers is not None else get_cluster(cluster)
+        self.sim = Simulator(spec, workload, scenario, **sim_kwargs)
+        sim = self.sim
+        wl = sim.workload
+        b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)
+        init = np.full(sim.num_workers, b0, dtype=np.int64)
+        if initial_batch is None:
+            init = np.clip(init, sim.min_batch, sim.max_batch)
+        self.spec = BackendSpec(
+            gpu_types=sim.gpu_types,
+            node_of_worker=tuple(int(x) for x in sim.node_of_worker),
+            min_batch=sim.min_batch.copy(),
+            max_batch=sim.max_batch.copy(),
+            initial_batch=init,
+            base_batch=sim.convergence.base_batch,
+            target_accuracy=wl.target_accuracy,
+            time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
+            num_classes=wl.num_classes,
+            workload=wl.name,
+            deterministic=True,
+        )
+
+    def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
+        self.sim.reset(seed=seed, rng=rng)
+
+    def run_interval(self, local_batches: np.ndarray, iterations: int) -> IntervalReport:
+        return self.sim.run_interval(local_batches, iterations)
+
+    def close(self) -> None:
+        self.sim.close()

@@ -1,0 +1,262 @@
+"""HeteroClusterEnv: DYNAMIX's per-worker batch-size decision problem over any training backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from dynamix_gym.backend import Backend, IntervalReport
+from dynamix_gym.reward import RewardConfig, compute_reward
+from dynamix_gym.schema import OBS_SCHEMA, ObservationEncoder
+
+ACTION_MODES = ("delta", "absolute", "continuous")
+DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
+#: continuous mode: action a in [-1, 1] scales each local batch by 1 + CONTINUOUS_SCALE * a.
+CONTINUOUS_SCALE = 0.2
+
+
+class HeteroClusterEnv(gym.Env):
+    """
+    ## Description
+    Synchronous data-parallel training on a heterogeneous cluster (T4s beside V100s by default).
+    Every step the agent sets each worker's local batch; the backend then trains for ``interval``
+    (K) iterations and reports what it measured. The slowest worker sets the pace of each
+    iteration, faults (throttling, interference, network jitter) come and go, and the gradient
+    noise scale grows as training progresses, so the best batches keep moving. This is the decision
+    problem of DYNAMIX (arXiv 2510.08522). The backend is the simulator by default and a real
+    PyTorch DDP job with ``dynamix/RealDDP-v0``; the env's code is the same for both.
+
+    ## Action Space
+    ``action_mode="delta"`` (default): ``MultiDiscrete([len(action_set)] * N)``; worker i's local
+    batch moves by ``action_set[a_i]`` (default {-100, -25, 0, +25, +100}) and is then kept within
+    [min batch, the GPU's memory cap]; each such clipping is listed in ``info["clipped"]``.
+    ``"absolute"``: ``Box(min_batch, max_batch, (N,))``: the target local batch of each worker
+    (rounded to an integer), so rule-based controllers are not limited to delta steps.
+    ``"continuous"``: ``Box(-1, 1, (N,))``: local batch scaled by ``1 + 0.2 a_i``, i.e. within
+    [0.8, 1.2], rounded and clipped like delta actions.
+
+    ## Observation Space
+    ``Box(-1, 1, (N * 19 + 13,), float32)``: the 19 per-worker features of every worker, then the
+    13 global features, each clipped to its raw range and mapped onto [-1, 1]
+    (:data:`dynamix_gym.OBS_SCHEMA`; version 1):
+
+    | index | name | unit | raw range |
+    |---|---|---|---|
+    | 19 i + 0 | net_throughput | log10(1 + MB/s) | [0, 4] |
+    | 19 i + 1 | tcp_retransmissions | log10(1 + segments/s) | [0, 5] |
+    | 19 i + 2 | cpu_util | fraction | [0, 1] |
+    | 19 i + 3 | mem_util | fraction | [0, 1] |
+    | 19 i + 4 | iteration_time | log10(s) | [-3, 2] |
+    | 19 i + 5 | compute_time | log10(s) | [-3, 2] |
+    | 19 i + 6 | idle_fraction | fraction | [0, 1] |
+    | 19 i + 7 | local_batch | log2(samples) | [2, 14] |
+    | 19 i + 8 | batch_accuracy | fraction | [0, 1] |
+    | 19 i + 9 | accuracy_gain | fraction | [-0.25, 0.25] |
+    | 19 i + 10 | grad_norm_mean | log10(norm) | [-4, 3] |
+    | 19 i + 11 | grad_norm_var | log10(norm^2) | [-10, 4] |
+    | 19 i + 12 | compute_share | fraction of slowest | [0, 1] |
+    | 19 i + 13 | batch_ratio | log2(b / mean b) | [-6, 6] |
+    | 19 i + 14 | speed_ratio | log2(rate / mean rate) | [-6, 6] |
+    | 19 i + 15 | headroom_up | log2(cap / b) | [0, 10] |
+    | 19 i + 16 | headroom_down | log2(b / min) | [0, 10] |
+    | 19 i + 17 | gpu_util | fraction | [0, 1] |
+    | 19 i + 18 | alive | flag | [0, 1] |
+    | 19 N + 0 | val_accuracy | fraction | [0, 1] |
+    | 19 N + 1 | val_loss | ln(C) units | [0, 2] |
+    | 19 N + 2 | accuracy_to_target | fraction | [-0.5, 1] |
+    | 19 N + 3 | val_accuracy_gain | fraction | [-0.25, 0.25] |
+    | 19 N + 4 | global_batch | log2(samples) | [4, 18] |
+    | 19 N + 5 | noise_scale | log10(samples) | [0, 7] |
+    | 19 N + 6 | noise_to_batch | log2(ratio) | [-12, 12] |
+    | 19 N + 7 | efficiency | fraction | [0, 1] |
+    | 19 N + 8 | time_used | fraction of budget | [0, 1.5] |
+    | 19 N + 9 | comm_fraction | fraction | [0, 1] |
+    | 19 N + 10 | mean_idle_fraction | fraction | [0, 1] |
+    | 19 N + 11 | num_workers | log2(workers) | [0, 10] |
+    | 19 N + 12 | interval_time | log10(s) | [-2, 4] |
+
+    ## Rewards
+    ``reward="dynamix"`` (default): acc + alpha max(0, gain) - beta T_iter - delta reg(B)
+    - eta (var|g| + std|g|); ``reward="time"``: minus the interval's wall time (minutes by
+    default) plus a bonus on reaching the target. See :mod:`dynamix_gym.reward`; every term is in
+    ``info["reward_terms"]``.
+
+    ## Starting State
+    A fresh training run at time zero; every worker at the backend's initial local batch. The first
+    observation comes from one warm-up interval at those batches.
+
+    ## Episode End
+    ``terminated`` when the measured validation accuracy reaches the workload's target;
+    ``truncated`` when the wall-clock budget or ``max_decisions`` steps are used up.
+
+    ## Arguments
+    ``gymnasium.make("dynamix/HeteroCluster-v0", cluster="t4v100", workload="cifar10",
+    scenario="static_hetero", reward="dynamix", interval=50, workers=None, action_mode="delta",
+    action_set=(-100, -25, 0, 25, 100), max_decisions=None, time_budget_s=None,
+    initial_batch=None, window=4, backend=None, sim_kwargs=None)``. ``workers=N`` builds the
+    default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`) replaces the
+    simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or a config.
+
+    ## Version History
+    * v0: initial version (observation schema 1).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        cluster: Any = "t4v100",
+        workload: Any = "cifar10",
+        scenario: Any = "static_hetero",
+        reward: str | dict | RewardConfig | None = "dynamix",
+        interval: int = 50,
+        workers: int | None = None,
+        action_mode: str = "delta",
+        action_set: Sequence[int] = DEFAULT_ACTION_SET,
+        max_decisions: int | None = None,
+        time_budget_s: float | None = None,
+        initial_batch: int | None = None,
+        window: int = 4,
+        backend: Backend | None = None,
+        sim_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if action_mode not in ACTION_MODES:
+            raise ValueError(f"unknown action_mode {action_mode!r}; choose one of {list(ACTION_MODES)}")
+        if isinstance(interval, bool) or not isinstance(interval, int | np.integer) or interval < 1:
+            raise ValueError(f"interval (K iterations per step) must be an integer >= 1, got {interval!r}")
+        if max_decisions is not None and max_decisions < 1:
+            raise ValueError(f"max_decisions must be >= 1 or None, got {max_decisions!r}")
+        self.action_set = np.array([int(a) for a in action_set], dtype=np.int64)
+        if self.action_set.size < 2 or len(set(self.action_set.tolist())) != self.action_set.size:
+            raise ValueError(f"action_set needs at least two distinct deltas, got {list(action_set)}")
+        if backend is None:
+            from dynamix_gym.backends.sim_backend import SimBackend
+
+            backend = SimBackend(
+                cluster,
+                workload,
+                scenario,
+                workers=workers,
+                initial_batch=initial_batch,
+                time_budget_s=time_budget_s,
+                **(sim_kwargs or {}),
+            )
+        self.backend = backend
+        self.spec_backend = backend.spec
+        self.reward_config = RewardConfig.from_any(reward)
+        self.interval = int(interval)
+        self.action_mode = action_mode
+        self.max_decisions = max_decisions
+        self.time_budget_s = float(time_budget_s) if time_budget_s is not None else backend.spec.time_budget_s
+        self.encoder = ObservationEncoder(backend.spec, window=window)
+
+        n = backend.spec.num_workers
+        self.num_workers = n
+        self.observation_space = spaces.Box(-1.0, 1.0, (OBS_SCHEMA.centralised_dim(n),), np.float32)
+        if action_mode == "delta":
+            self.action_space = spaces.MultiDiscrete(np.full(n, self.action_set.size, dtype=np.int64))
+        elif action_mode == "absolute":
+            lo = backend.spec.min_batch.astype(np.float32)
+            hi = backend.spec.max_batch.astype(np.float32)
+            self.action_space = spaces.Box(lo, hi, (n,), np.float32)
+        else:
+            self.action_space = spaces.Box(-1.0, 1.0, (n,), np.float32)
+        self._reset_done = False
+        self._episode_over = False
+
+    # --- gymnasium API ------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.backend.reset(rng=self.np_random)
+        self.encoder.reset()
+        self.batches = self.backend.spec.initial_batch.astype(np.int64).copy()
+        self.decisions = 0
+        self.wall_time_s = 0.0
+        report = self.backend.run_interval(self.batches, self.interval)
+        self._observe(report)
+        self._prev_val_accuracy = float(report.val_accuracy)
+        self._reset_done = True
+        self._episode_over = False
+        info = self._info(report, clipped=[], terms={})
+        return self._obs(), info
+
+    def step(self, action):
+        if not self._reset_done:
+            raise RuntimeError("HeteroClusterEnv.step() called before reset()")
+        if self._episode_over:
+            raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
+        new_batches, clipped = self.apply_action(action)
+        self.batches = new_batches
+        report = self.backend.run_interval(new_batches, self.interval)
+        self._observe(report)
+        self.decisions += 1
+        spec = self.backend.spec
+        terminated = bool(report.val_accuracy >= spec.target_accuracy)
+        truncated = not terminated and (
+            report.wall_time_s >= self.time_budget_s
+            or (self.max_decisions is not None and self.decisions >= self.max_decisions)
+        )
+        reward, terms = compute_reward(self.reward_config, report, self._prev_val_accuracy, terminated)
+        self._prev_val_accuracy = float(report.val_accuracy)
+        self._episode_over = terminated or truncated
+        info = self._info(report, clipped, terms)
+        if terminated:
+            info["time_to_accuracy_s"] = report.wall_time_s
+        return self._obs(), reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def apply_action(self, action) -> tuple[np.ndarray, list[dict[str, int]]]:
+        """New local batches for ``action`` and the list of clippings to the workers' ranges."""
+        a = np.asarray(action)
+        n = self.num_workers
+        if a.shape != (n,):
+            raise ValueError(f"action must have shape ({n},) (one entry per worker), got shape {a.shape}")
+        if not self.action_space.contains(a.astype(self.action_space.dtype)) or (
+            self.action_mode == "delta" and not np.all(a == np.round(a))
+        ):
+            raise ValueError(f"action {a.tolist()} is outside the action space {self.action_space}")
+        spec = self.backend.spec
+        if self.action_mode == "delta":
+            requested = self.batches + self.action_set[a.astype(np.int64)]
+        elif self.action_mode == "absolute":
+            requested = np.rint(a.astype(np.float64)).astype(np.int64)
+        else:
+            requested = np.rint(self.batches * (1.0 + CONTINUOUS_SCALE * a.astype(np.float64))).astype(
+                np.int64
+            )
+        applied = np.clip(requested, spec.min_batch, spec.max_batch)
+        clipped = [
+            {"worker": int(i), "requested": int(requested[i]), "applied": int(applied[i])}
+            for i in np.flatnonzero(applied != requested)
+        ]
+        return applied.astype(np.int64), clipped
+
+    def _observe(self, report: IntervalReport) -> None:
+        self.last_report = report
+        self._worker_obs, self._global_obs = self.encoder.update(report)
+
+    def _obs(self) -> np.ndarray:
+        return ObservationEncoder.centralise(self._worker_obs, self._global_obs)
+
+    def per_worker_observations(self) -> np.ndarray:
+        """(N, Fw + Fg): the current observation as one row per worker (shared-policy form)."""
+        return ObservationEncoder.per_worker(self._worker_obs, self._global_obs)
+
+    def _info(self, report: IntervalReport, clipped: list, terms: dict[str, float]) -> dict[str, Any]:
+        return {
+            "report": report,
+            "local_batches": self.batches.copy(),
+            "clipped": clipped,
+            "reward_terms": terms,
+            "wall_time_s": report.wall_time_s,
+            "val_accuracy": report.val_accuracy,
+            "decisions": self.decisions,
+        }

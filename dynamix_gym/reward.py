@@ -1,0 +1,105 @@
+"""Rewards, computed from interval reports only (so sim and real training share them).
+
+``dynamix`` (the DYNAMIX paper's reward, per decision interval):
+
+    r = acc + alpha * max(0, acc - acc_prev) - beta * T_iter - delta * reg(B) - eta * (var|g| + std|g|)
+
+    acc     validation accuracy at the end of the interval (fraction)
+    T_iter  mean iteration time of the live workers, seconds
+    reg(B)  mean over live workers of |log2(B_i) - c| ("abs", default: grows as B leaves 2^c = 32
+            in either direction) or log2(B_i) - c ("signed")
+    var|g|, std|g|: variance and standard deviation of the local gradient norm, mean over workers
+
+``time`` (aligned with the headline metric, time-to-accuracy):
+
+    r = -interval_time_s / time_scale_s + target_bonus * [target reached]
+
+so an episode's return is minus its wall time (in ``time_scale_s`` units) plus the bonus.
+Every term is returned separately for logging.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from sim.report import IntervalReport
+from sim.validation import check_choice, check_range
+
+REWARD_KINDS = ("dynamix", "time")
+REGULARISERS = ("abs", "signed")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    kind: str = "dynamix"
+    alpha: float = 10.0  # accuracy gain
+    beta: float = 1.0  # iteration time, per second
+    delta: float = 0.01  # batch-size regulariser
+    eta: float = 0.1  # optimiser stability
+    regulariser: str = "abs"
+    regulariser_center_log2: float = 5.0  # 2^5 = 32
+    time_scale_s: float = 60.0
+    target_bonus: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_choice("reward.kind", self.kind, REWARD_KINDS)
+        check_choice("reward.regulariser", self.regulariser, REGULARISERS)
+        for name in ("alpha", "beta", "delta", "eta", "target_bonus"):
+            check_range(f"reward.{name}", getattr(self, name), 0.0, 1e6)
+        check_range("reward.time_scale_s", self.time_scale_s, 0.0, 1e9, low_open=True)
+
+    @classmethod
+    def from_any(cls, value: str | dict[str, Any] | RewardConfig | None) -> RewardConfig:
+        """A config from a kind name, a mapping of fields, or a config (returned unchanged)."""
+        if value is None:
+            return cls()
+        if isinstance(value, RewardConfig):
+            return value
+        if isinstance(value, str):
+            return cls(kind=value)
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"unknown reward fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compute_reward(
+    cfg: RewardConfig,
+    report: IntervalReport,
+    prev_val_accuracy: float | None,
+    reached_target: bool,
+) -> tuple[float, dict[str, float]]:
+    """The reward of one interval and its terms (each already multiplied by its coefficient)."""
+    if cfg.kind == "time":
+        terms = {
+            "time": -report.interval_time_s / cfg.time_scale_s,
+            "target_bonus": cfg.target_bonus if reached_target else 0.0,
+        }
+        return float(sum(terms.values())), terms
+    live = report.alive if report.alive.any() else np.ones_like(report.alive)
+    acc = float(report.val_accuracy)
+    gain = 0.0 if prev_val_accuracy is None else max(0.0, acc - prev_val_accuracy)
+    log_b = np.log2(np.maximum(report.local_batch[live], 1))
+    dev = log_b - cfg.regulariser_center_log2
+    reg = float(np.mean(np.abs(dev) if cfg.regulariser == "abs" else dev))
+    var = report.grad_norm_var[live]
+    stability = float(np.mean(var + np.sqrt(var)))
+    terms = {
+        "accuracy": acc,
+        "accuracy_gain": cfg.alpha * gain,
+        "iteration_time": -cfg.beta * float(np.mean(report.iteration_time_s[live])),
+        "batch_regulariser": -cfg.delta * reg,
+        "stability": -cfg.eta * stability,
+    }
+    total = float(sum(terms.values()))
+    if not math.isfinite(total):
+        raise FloatingPointError(f"non-finite reward from terms {terms}")
+    return total, terms

@@ -1,0 +1,84 @@
+"""Statistics that controllers and the observation encoder estimate from interval reports."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.report import IntervalReport
+
+#: Upper bound on a reported noise-scale estimate (the estimate diverges when |G|^2 ~ 0).
+MAX_NOISE_SCALE = 1e7
+
+
+def two_batch_estimates(report: IntervalReport) -> tuple[float, float] | None:
+    """Unbiased estimates of (|G|^2, tr(Sigma)) from one interval (McCandlish et al. 2018, App. A).
+
+    Each live worker's squared local-gradient norm and the all-reduced one satisfy
+    E|g_B|^2 = |G|^2 + tr(Sigma) / B. With equal local batches the least-squares line through the
+    points (1/B, |g_B|^2) is exactly the two-batch estimator; with uneven batches it generalises it.
+    Returns ``None`` when fewer than two distinct batch sizes were measured.
+    """
+    live = report.alive
+    b = report.local_batch[live].astype(np.float64)
+    y = report.local_grad_sqr[live]
+    if b.size == 0 or report.global_batch <= 0:
+        return None
+    x = np.append(1.0 / b, 1.0 / report.global_batch)
+    y = np.append(y, report.global_grad_sqr)
+    # Weight the global point like all local points together: it averages as many samples.
+    w = np.append(np.ones(b.size), float(b.size))
+    xm = np.average(x, weights=w)
+    sxx = np.average((x - xm) ** 2, weights=w)
+    if sxx <= 0:
+        return None
+    ym = np.average(y, weights=w)
+    s = np.average((x - xm) * (y - ym), weights=w) / sxx
+    g2 = ym - s * xm
+    return float(g2), float(s)
+
+
+class NoiseScaleEstimator:
+    """Gradient noise scale B_simple = tr(Sigma) / |G|^2 from exponential moving averages of the
+    two-batch estimates (the ratio of averages is far less biased than the average of ratios).
+
+    Args:
+        smoothing: EMA weight of the newest interval, in (0, 1].
+    """
+
+    def __init__(self, smoothing: float = 0.2) -> None:
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
+        self.smoothing = smoothing
+        self.reset()
+
+    def reset(self) -> None:
+        self.grad_sqr: float | None = None
+        self.trace_sigma: float | None = None
+
+    def update(self, report: IntervalReport) -> float | None:
+        est = two_batch_estimates(report)
+        if est is not None:
+            g2, s = est
+            if self.grad_sqr is None:
+                self.grad_sqr, self.trace_sigma = g2, s
+            else:
+                a = self.smoothing
+                self.grad_sqr += a * (g2 - self.grad_sqr)
+                self.trace_sigma += a * (s - self.trace_sigma)
+        return self.noise_scale
+
+    @property
+    def noise_scale(self) -> float | None:
+        """Current B_simple estimate (samples), or ``None`` before the first usable interval."""
+        if self.grad_sqr is None:
+            return None
+        if self.trace_sigma <= 0:
+            return 1.0
+        if self.grad_sqr <= self.trace_sigma / MAX_NOISE_SCALE:
+            return MAX_NOISE_SCALE
+        return float(self.trace_sigma / self.grad_sqr)
+
+
+def statistical_efficiency(noise_scale: float, global_batch: float, base_batch: float) -> float:
+    """E(M) = (B_noise + M0) / (B_noise + M): progress per sample at batch M relative to M0."""
+    return (noise_scale + base_batch) / (noise_scale + global_batch)

@@ -1,0 +1,39 @@
+"""dynamix-gym: DYNAMIX's per-worker batch-size control as a Gymnasium environment.
+
+Importing the package registers:
+
+* ``dynamix/HeteroCluster-v0``: the centralised env over the simulator (or any backend);
+* ``dynamix/HeteroClusterPerWorker-v0``: the same cluster, one worker's decision per step;
+* ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``).
+"""
+
+from gymnasium.envs.registration import register, registry
+
+from dynamix_gym.backend import Backend, BackendSpec, IntervalReport
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.envs.per_worker import PerWorkerEnv
+from dynamix_gym.reward import RewardConfig, compute_reward
+from dynamix_gym.schema import OBS_SCHEMA, SCHEMA_VERSION, ObservationEncoder
+
+__all__ = [
+    "OBS_SCHEMA",
+    "SCHEMA_VERSION",
+    "Backend",
+    "BackendSpec",
+    "HeteroClusterEnv",
+    "IntervalReport",
+    "ObservationEncoder",
+    "PerWorkerEnv",
+    "RewardConfig",
+    "compute_reward",
+]
+
+_ENVS = {
+    "dynamix/HeteroCluster-v0": "dynamix_gym.envs.hetero_cluster:HeteroClusterEnv",
+    "dynamix/HeteroClusterPerWorker-v0": "dynamix_gym.envs.per_worker:PerWorkerEnv",
+    "dynamix/RealDDP-v0": "adapters.ddp_env:make_real_ddp_env",
+}
+for _id, _entry in _ENVS.items():
+    if _id not in registry:
+        # The env enforces its own time and decision budgets (truncation), so no TimeLimit here.
+        register(id=_id, entry_point=_entry, disable_env_checker=False)

@@ -1,0 +1,98 @@
+"""Simulator speed: intervals/s and worker-iterations/s for several cluster sizes, one core.
+
+    python -m experiments.bench_sim
+
+Prints a table and writes ``results/bench/sim.json`` ({"K": .., "intervals_per_s": {"4": ..}}).
+The target is >= 2,000 intervals/s at 8 workers and K = 50, with cost per interval growing no
+worse than linearly in the number of workers (the ``cost_ratio_vs_linear`` column: cost per
+worker-iteration relative to the smallest cluster; <= 1 means sub-linear growth).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig
+
+from experiments.common import atomic_write_text
+from sim.cluster import default_cluster
+from sim.engine import Simulator
+
+
+def measure(workers: int, scenario: str, workload: str, iterations: int, seconds: float, seed: int) -> dict:
+    sim = Simulator(default_cluster(workers), workload, scenario, seed=seed)
+    sim.reset()
+    batches = np.clip(np.full(workers, 128), sim.min_batch, sim.max_batch)
+    for _ in range(20):  # warm-up: caches, first fault events
+        sim.run_interval(batches, iterations)
+    count = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        for _ in range(50):
+            sim.run_interval(batches, iterations)
+        count += 50
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+    elapsed = now - t0
+    per_s = count / elapsed
+    return {
+        "workers": workers,
+        "scenario": scenario,
+        "intervals_per_s": per_s,
+        "worker_iterations_per_s": per_s * workers * iterations,
+        "us_per_interval": 1e6 / per_s,
+    }
+
+
+def run(cfg: DictConfig) -> dict:
+    rows = []
+    for scenario in cfg.scenarios:
+        for n in cfg.workers:
+            rows.append(measure(int(n), scenario, cfg.workload, int(cfg.iterations), float(cfg.seconds), int(cfg.seed)))
+    # Cost per worker-iteration relative to the smallest cluster of the same scenario.
+    for scenario in cfg.scenarios:
+        sub = [r for r in rows if r["scenario"] == scenario]
+        base = sub[0]["worker_iterations_per_s"]
+        for r in sub:
+            r["cost_ratio_vs_linear"] = base / r["worker_iterations_per_s"]
+    print(f"Simulator benchmark, K = {cfg.iterations}, one process ({platform.processor() or platform.machine()})")
+    print(f"{'scenario':<14}{'workers':>8}{'intervals/s':>14}{'worker-iter/s':>16}{'us/interval':>13}{'cost/linear':>13}")
+    for r in rows:
+        print(
+            f"{r['scenario']:<14}{r['workers']:>8}{r['intervals_per_s']:>14.0f}"
+            f"{r['worker_iterations_per_s']:>16.3g}{r['us_per_interval']:>13.0f}{r['cost_ratio_vs_linear']:>13.2f}"
+        )
+    primary = cfg.scenarios[0]
+    result = {
+        "K": int(cfg.iterations),
+        "scenario": primary,
+        "intervals_per_s": {str(r["workers"]): round(r["intervals_per_s"], 1) for r in rows if r["scenario"] == primary},
+        "worker_iterations_per_s": {
+            str(r["workers"]): round(r["worker_iterations_per_s"]) for r in rows if r["scenario"] == primary
+        },
+        "rows": rows,
+        "target": {"workers": 8, "intervals_per_s": 2000},
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+    }
+    out = Path(to_absolute_path(cfg.out))
+    atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    return result
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="bench_sim")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

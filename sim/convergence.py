@@ -1,7 +1,7 @@
 """Training-progress model: gradient noise, statistical efficiency and validation accuracy.
 
-Calibrated from real convergence traces (Pollux artifact) by ``python -m experiments.fit_reference``;
-the fitted parameters live in ``sim/data/convergence_models.json``.
+Calibrated from real convergence traces (Pollux artifact) by ``python -m experiments.fit_convergence``
+(see ``sim/fit_convergence.py``); the fitted parameters live in ``sim/data/convergence_models.json``.
 
 Progress is counted in steps of the base batch ``M0`` (as in the traces and in Pollux): one
 optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch steps.
@@ -10,21 +10,32 @@ optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch
     tr(Sigma)/M0 (p)  = exp(PCHIP(progress_knots, log_grad_var)(p))      # per-M0-batch variance
     B_noise(p)        = M0 * grad_var / grad_sqr                         # McCandlish's B_simple
     E(M, p)           = (B_noise + M0) / (B_noise + M)                   # statistical efficiency
-    r_ada(M, p)       = (M / M0) * E(M, p)                               # AdaScale gain
+    r_ada(M, p)       = (M / M0) * E(M, p)                               # AdaScale gain (Pollux)
     r(M, p)           = adascale: r_ada
-                        linear:   min(M / M0, r_ada)       (= r_ada: the LR keeps up with the batch)
+                        linear:   r_ada                    (= min(M / M0, r_ada): the learning rate
+                                                            keeps up with the batch, and no step can
+                                                            use more than the gradient's information)
                         sqrt:     min(sqrt(M / M0), r_ada)
-                        none:     min((M / M0) ** none_exponent, r_ada)
+                        none:     min((M / M0) ** none_exponent, r_ada),  0 <= none_exponent <= 1/2
+
+The statistics are held constant outside the fitted knots. r_ada lies in [1, M / M0] for M >= M0:
+a batch of M is worth at most M / M0 base steps, and at least one. Without learning-rate scaling
+(``none``) a larger batch only lowers the gradient noise of a base-LR step, so its gain is at most
+that of the sqrt rule (none_exponent <= 1/2); none_exponent = 0 is one base step per step.
+Hence r_adascale = r_linear >= r_sqrt >= r_none >= min(1, r_ada).
 
 Accuracy depends on progress and on the batch the model has been trained with lately
 (the generalisation gap of large batches), remembered as an exponential moving average ``m`` of
 log2(M) over progress with time constant ``batch_memory_progress``:
 
-    ceiling(m)    = acc_ceiling - gap_per_doubling * max(0, log2(m / ref_batch))
-    stretch(m)    = max(1, m / ref_batch) ** stretch_exponent
+    m            <- m + (1 - exp(-dp / batch_memory_progress)) * (log2(M) - m)
+    ceiling(m)    = acc_ceiling - gap_per_doubling * max(0, m - log2(ref_batch))
+    stretch(m)    = 2 ** (stretch_exponent * max(0, m - log2(ref_batch)))
     acc(p, m)     = acc_chance + (ceiling(m) - acc_chance) * shape(p / stretch(m))
+    train_acc     = min(1, acc + train_gap * min(1, p / total_progress))
 
-``shape`` is a monotone PCHIP through fitted knots, 0 at x = 0 and 1 at the last knot.
+``shape`` is a monotone PCHIP through fitted knots, 0 at x = 0 and 1 at (and beyond) the last knot,
+in progress units of the reference batch. A static run has m = log2(M).
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ from sim.validation import check_choice, check_positive, check_range
 
 CONVERGENCE_MODELS_FILE = "convergence_models.json"
 LR_RULES = ("adascale", "linear", "sqrt", "none")
+
+_KNOT_FIELDS = ("progress_knots", "log_grad_sqr", "log_grad_var", "shape_x", "shape_y")
 
 #: Resolution of the lookup tables that replace spline calls on the simulator's hot path.
 _TABLE_POINTS = 4096
@@ -64,31 +77,41 @@ class ConvergenceParams:
     shape_x: tuple[float, ...]  # knots of shape(), in progress units of the reference batch
     shape_y: tuple[float, ...]
     batch_memory_progress: float
-    none_exponent: float = 0.0
+    none_exponent: float = 0.0  # lr_rule "none": gain (M / M0) ** none_exponent, capped by r_ada
     train_gap: float = 0.0  # training-batch accuracy above validation accuracy, at the end
     fit_rmse: float = float("nan")  # RMSE of accuracy over the traces, metric units
 
     def __post_init__(self) -> None:
         n = self.name
+        for f in _KNOT_FIELDS:  # JSON gives lists: store hashable tuples of floats
+            object.__setattr__(self, f, tuple(float(v) for v in getattr(self, f)))
         check_range(f"{n}.base_batch", self.base_batch, 1)
         check_positive(f"{n}.total_progress", self.total_progress)
         if not (len(self.progress_knots) == len(self.log_grad_sqr) == len(self.log_grad_var) >= 2):
             raise ValueError(f"{n}: progress_knots, log_grad_sqr and log_grad_var need equal lengths >= 2")
         if len(self.shape_x) != len(self.shape_y) or len(self.shape_x) < 2:
             raise ValueError(f"{n}: shape_x and shape_y need equal lengths >= 2")
+        for f in _KNOT_FIELDS:
+            if not all(math.isfinite(v) for v in getattr(self, f)):
+                raise ValueError(f"{n}.{f} must be finite numbers")
+        if np.any(np.diff(self.progress_knots) <= 0) or self.progress_knots[0] < 0:
+            raise ValueError(f"{n}.progress_knots must be >= 0 and strictly increasing")
+        if self.shape_x[0] != 0.0 or np.any(np.diff(self.shape_x) <= 0):
+            raise ValueError(f"{n}.shape_x must start at 0 and increase strictly")
+        sy = np.asarray(self.shape_y)
+        if sy[0] != 0.0 or abs(sy[-1] - 1.0) > 1e-9 or np.any(np.diff(sy) < 0):
+            raise ValueError(f"{n}.shape_y must rise monotonically from 0 to 1, got {self.shape_y}")
         check_range(f"{n}.acc_chance", self.acc_chance, 0.0, 1.0)
         check_range(f"{n}.acc_ceiling", self.acc_ceiling, self.acc_chance, 1.0)
         check_range(f"{n}.gap_per_doubling", self.gap_per_doubling, 0.0, 1.0)
         check_positive(f"{n}.ref_batch", self.ref_batch)
         check_positive(f"{n}.batch_memory_progress", self.batch_memory_progress)
-        check_range(f"{n}.none_exponent", self.none_exponent, 0.0, 1.0)
+        check_range(f"{n}.none_exponent", self.none_exponent, 0.0, 0.5)
         check_range(f"{n}.train_gap", self.train_gap, 0.0, 1.0)
 
 
 def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:
-    return load_param_table(
-        ConvergenceParams, path or data_path(CONVERGENCE_MODELS_FILE), ("name",)
-    )
+    return load_param_table(ConvergenceParams, path or data_path(CONVERGENCE_MODELS_FILE), ("name",))
 
 
 def convergence_params(name: str, path: str | Path | None = None) -> ConvergenceParams:
@@ -106,25 +129,29 @@ class ConvergenceModel:
         self.base_batch = params.base_batch
         knots = np.asarray(params.progress_knots, dtype=np.float64)
         # Tabulate on a fine grid once; np.interp on the grid is ~50x cheaper than a PCHIP call.
-        self._grid = np.linspace(0.0, knots[-1], _TABLE_POINTS)
-        self._log_sqr = PchipInterpolator(knots, params.log_grad_sqr, extrapolate=True)(self._grid)
-        self._log_var = PchipInterpolator(knots, params.log_grad_var, extrapolate=True)(self._grid)
+        # np.interp clamps, so the statistics are held constant outside the measured range.
+        self._grid = np.linspace(knots[0], knots[-1], _TABLE_POINTS)
+        self._log_sqr = PchipInterpolator(knots, params.log_grad_sqr)(self._grid)
+        self._log_var = PchipInterpolator(knots, params.log_grad_var)(self._grid)
+        self._noise = self.base_batch * np.exp(self._log_var - self._log_sqr)
         sx = np.asarray(params.shape_x, dtype=np.float64)
         self._shape_grid = np.linspace(0.0, sx[-1], _TABLE_POINTS)
         self._shape = np.clip(PchipInterpolator(sx, params.shape_y)(self._shape_grid), 0.0, 1.0)
+        self._log2_ref = math.log2(params.ref_batch)
 
     # --- gradient statistics -------------------------------------------------------------------
     def grad_stats(self, progress: float) -> tuple[float, float]:
-        """(|G|^2, tr(Sigma)/M0) at ``progress``; held constant past the last knot."""
-        g = float(np.exp(np.interp(progress, self._grid, self._log_sqr)))
-        v = float(np.exp(np.interp(progress, self._grid, self._log_var)))
+        """(|G|^2, tr(Sigma)/M0) at ``progress``; held constant outside the fitted knots."""
+        g = math.exp(np.interp(progress, self._grid, self._log_sqr))
+        v = math.exp(np.interp(progress, self._grid, self._log_var))
         return g, v
 
     def noise_scale(self, progress: float) -> float:
-        g, v = self.grad_stats(progress)
-        return self.base_batch * v / g
+        """B_noise = M0 * grad_var / grad_sqr at ``progress``."""
+        return float(np.interp(progress, self._grid, self._noise))
 
     def efficiency(self, global_batch: float, progress: float) -> float:
+        """E(M, p) = (B_noise + M0) / (B_noise + M): in (0, 1] for M >= M0."""
         b = self.noise_scale(progress)
         return (b + self.base_batch) / (b + global_batch)
 
@@ -138,6 +165,21 @@ class ConvergenceModel:
             return min(math.sqrt(scale), r_ada)
         return min(scale**self.params.none_exponent, r_ada)
 
+    def noise_scale_many(self, progress: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`noise_scale` (for fitting and analysis, not the hot path)."""
+        return np.interp(np.asarray(progress, dtype=np.float64), self._grid, self._noise)
+
+    def progress_per_step_many(self, global_batch: np.ndarray, progress: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`progress_per_step` over broadcast arrays."""
+        m = np.asarray(global_batch, dtype=np.float64)
+        b = self.noise_scale_many(progress)
+        scale = m / self.base_batch
+        r_ada = scale * (b + self.base_batch) / (b + m)
+        if self.lr_rule in ("adascale", "linear"):
+            return r_ada
+        cap = np.sqrt(scale) if self.lr_rule == "sqrt" else scale**self.params.none_exponent
+        return np.minimum(cap, r_ada)
+
     # --- accuracy --------------------------------------------------------------------------------
     def initial_batch_memory(self, global_batch: float) -> float:
         return math.log2(global_batch)
@@ -148,16 +190,29 @@ class ConvergenceModel:
         return memory_log2 + w * (math.log2(global_batch) - memory_log2)
 
     def ceiling(self, memory_log2: float) -> float:
+        """Accuracy plateau of a run remembered at log2 batch ``memory_log2``."""
         p = self.params
-        doublings = max(0.0, memory_log2 - math.log2(p.ref_batch))
+        doublings = max(0.0, memory_log2 - self._log2_ref)
         return max(p.acc_chance, p.acc_ceiling - p.gap_per_doubling * doublings)
+
+    def stretch(self, memory_log2: float) -> float:
+        """Progress slow-down factor max(1, m / ref_batch) ** stretch_exponent (>= 1)."""
+        return 2.0 ** (max(0.0, memory_log2 - self._log2_ref) * self.params.stretch_exponent)
 
     def accuracy(self, progress: float, memory_log2: float) -> float:
         """True validation accuracy (a fraction) at ``progress``."""
         p = self.params
-        stretch = max(1.0, 2.0 ** (memory_log2 - math.log2(p.ref_batch))) ** p.stretch_exponent
-        s = float(np.interp(progress / stretch, self._shape_grid, self._shape))
+        s = float(np.interp(progress / self.stretch(memory_log2), self._shape_grid, self._shape))
         return p.acc_chance + (self.ceiling(memory_log2) - p.acc_chance) * s
+
+    def accuracy_many(self, progress: np.ndarray, memory_log2: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`accuracy` over broadcast arrays."""
+        p = self.params
+        doublings = np.maximum(0.0, np.asarray(memory_log2, dtype=np.float64) - self._log2_ref)
+        ceiling = np.maximum(p.acc_chance, p.acc_ceiling - p.gap_per_doubling * doublings)
+        x = np.asarray(progress, dtype=np.float64) / 2.0 ** (doublings * p.stretch_exponent)
+        s = np.interp(x, self._shape_grid, self._shape)
+        return p.acc_chance + (ceiling - p.acc_chance) * s
 
     def train_accuracy(self, progress: float, memory_log2: float) -> float:
         """Accuracy on training batches: validation accuracy plus a gap that opens with progress."""

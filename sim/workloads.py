@@ -103,6 +103,23 @@ WORKLOADS: dict[str, Workload] = {
             initial_local_batch=64,
             time_budget_s=5 * 3600.0,
         ),
+        Workload(
+            name="ncf",
+            model="NeuMF / MovieLens-1M (fp32, Adam, AdaScale)",
+            app="ncf",
+            convergence="ncf",
+            # AdaptDL's examples/NCF: NeuMF-end, 32 factors, 3 MLP layers, 6040 users, 3706 items:
+            # embeddings 9746 * (32 + 128), MLP 256-128-64-32, predict 64-1.
+            params_millions=1.602657,
+            app_params_millions=1.602657,
+            samples_per_epoch=4_970_845,  # 994,169 training ratings, each with 4 sampled negatives
+            target_accuracy=0.68,  # HR@10 among 1 held-out item + 99 negatives
+            num_classes=2,  # implicit-feedback labels (clicked or not); HR's chance is in the model
+            val_samples=6_040,  # one held-out item per user
+            sample_bytes=8 + 8 + 4,  # user id, item id (int64), label (float32)
+            initial_local_batch=256,
+            time_budget_s=3600.0,
+        ),
     ]
 }
 

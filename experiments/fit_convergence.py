@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.fit_convergence"
 REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 EQUATION = (
-    "B_noise(p) = M0 * exp(PCHIP(log_grad_var)(p) - PCHIP(log_grad_sqr)(p)); "
+    "B_noise(p) = M0 * exp(PCHIP(log_grad_var - log_grad_sqr)(p)); "
     "E = (B_noise + M0) / (B_noise + M); r_ada = (M / M0) * E; "
     "r = r_ada (adascale, linear) | min(sqrt(M / M0), r_ada) (sqrt) | "
     "min((M / M0) ** none_exponent, r_ada) (none); "
@@ -77,8 +77,8 @@ def rounded(value: Any, digits: int = 10) -> Any:
     return value
 
 
-def dump_json(doc: dict[str, Any]) -> str:
-    return json.dumps(rounded(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
+def dump_json(doc: dict[str, Any], digits: int = 10) -> str:
+    return json.dumps(rounded(doc, digits), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def describe(path: Path) -> dict[str, str]:
@@ -285,7 +285,8 @@ def render_markdown(s: dict[str, Any]) -> str:
     L += ["", "Best static local batch per target (target reached = within the peak tolerance):", ""]
     for target, b in t["best_static"].items():
         times = ", ".join(
-            f"{k}: {'never' if v is None else f'{v:.0f} min'}" for k, v in b["minutes_by_local_batch"].items()
+            f"{k}: {'never' if v is None else f'{v:.0f} min'}"
+            for k, v in sorted(b["minutes_by_local_batch"].items(), key=lambda kv: int(kv[0]))
         )
         L.append(f"- {100 * float(target):.0f} %: local batch {b['local_batch']} "
                  f"({b['minutes']:.0f} min; all: {times})")  # fmt: skip
@@ -297,7 +298,8 @@ def render_markdown(s: dict[str, Any]) -> str:
         f"{f3(d['best_switch_fraction'], '.2f')}: "
         f"{f3(d['dynamic_minutes'], '.1f')} min vs static "
         + ", ".join(
-            f"{k}: {'never' if v is None else f'{v:.0f} min'}" for k, v in d["static_minutes"].items()
+            f"{k}: {'never' if v is None else f'{v:.0f} min'}"
+            for k, v in sorted(d["static_minutes"].items(), key=lambda kv: int(kv[0]))
         )
         + f". Beats every static batch: **{'yes' if d['beats_every_static'] else 'no'}**.",
         "",
@@ -399,7 +401,9 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
         "equation": EQUATION,
         "models": models,
     }
-    atomic_write_text(out_dir / CONVERGENCE_MODELS_FILE, dump_json(doc))
+    # Parameters at full precision (17 digits round-trip a double): rounding log_grad_var and
+    # log_grad_sqr separately would break the monotonicity of their difference on flat stretches.
+    atomic_write_text(out_dir / CONVERGENCE_MODELS_FILE, dump_json(doc, digits=17))
     atomic_write_text(report_dir / "convergence_fit.json", dump_json(summ))
     atomic_write_text(report_dir / "convergence_fit.md", render_markdown(summ))
     plot(report_dir / "convergence_fit.png", traces, fits, trade, t_iter)

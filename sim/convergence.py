@@ -7,8 +7,9 @@ Progress is counted in steps of the base batch ``M0`` (as in the traces and in P
 optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch steps.
 
     |G|^2(p)          = exp(PCHIP(progress_knots, log_grad_sqr)(p))      # true gradient, squared
-    tr(Sigma)/M0 (p)  = exp(PCHIP(progress_knots, log_grad_var)(p))      # per-M0-batch variance
-    B_noise(p)        = M0 * grad_var / grad_sqr                         # McCandlish's B_simple
+    B_noise(p)        = M0 * exp(PCHIP(progress_knots, log_grad_var - log_grad_sqr)(p))
+                                                                         # McCandlish's B_simple
+    tr(Sigma)/M0 (p)  = |G|^2(p) * B_noise(p) / M0                       # per-M0-batch variance
     E(M, p)           = (B_noise + M0) / (B_noise + M)                   # statistical efficiency
     r_ada(M, p)       = (M / M0) * E(M, p)                               # AdaScale gain (Pollux)
     r(M, p)           = adascale: r_ada
@@ -32,7 +33,7 @@ log2(M) over progress with time constant ``batch_memory_progress``:
     ceiling(m)    = acc_ceiling - gap_per_doubling * max(0, m - log2(ref_batch))
     stretch(m)    = 2 ** (stretch_exponent * max(0, m - log2(ref_batch)))
     acc(p, m)     = acc_chance + (ceiling(m) - acc_chance) * shape(p / stretch(m))
-    train_acc     = min(1, acc + train_gap * min(1, p / total_progress))
+    train_acc     = min(1, acc + train_gap * clip(p / total_progress, 0, 1))
 
 ``shape`` is a monotone PCHIP through fitted knots, 0 at x = 0 and 1 at (and beyond) the last knot,
 in progress units of the reference batch. A static run has m = log2(M).
@@ -131,9 +132,13 @@ class ConvergenceModel:
         # Tabulate on a fine grid once; np.interp on the grid is ~50x cheaper than a PCHIP call.
         # np.interp clamps, so the statistics are held constant outside the measured range.
         self._grid = np.linspace(knots[0], knots[-1], _TABLE_POINTS)
+        log_ratio = np.subtract(params.log_grad_var, params.log_grad_sqr)
+        # B_noise is interpolated as one curve (PCHIP keeps monotone knots monotone), and the
+        # variance follows from it, so that grad_var / grad_sqr is exactly B_noise / M0.
         self._log_sqr = PchipInterpolator(knots, params.log_grad_sqr)(self._grid)
-        self._log_var = PchipInterpolator(knots, params.log_grad_var)(self._grid)
-        self._noise = self.base_batch * np.exp(self._log_var - self._log_sqr)
+        self._log_ratio = PchipInterpolator(knots, log_ratio)(self._grid)
+        self._log_var = self._log_sqr + self._log_ratio
+        self._noise = self.base_batch * np.exp(self._log_ratio)
         sx = np.asarray(params.shape_x, dtype=np.float64)
         self._shape_grid = np.linspace(0.0, sx[-1], _TABLE_POINTS)
         self._shape = np.clip(PchipInterpolator(sx, params.shape_y)(self._shape_grid), 0.0, 1.0)
@@ -216,5 +221,5 @@ class ConvergenceModel:
 
     def train_accuracy(self, progress: float, memory_log2: float) -> float:
         """Accuracy on training batches: validation accuracy plus a gap that opens with progress."""
-        frac = min(1.0, progress / self.params.total_progress)
+        frac = min(1.0, max(0.0, progress / self.params.total_progress))
         return min(1.0, self.accuracy(progress, memory_log2) + self.params.train_gap * frac)

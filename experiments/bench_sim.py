@@ -57,15 +57,23 @@ def run(cfg: DictConfig) -> dict:
     rows = []
     for scenario in cfg.scenarios:
         for n in cfg.workers:
-            rows.append(measure(int(n), scenario, cfg.workload, int(cfg.iterations), float(cfg.seconds), int(cfg.seed)))
+            rows.append(
+                measure(
+                    int(n), scenario, cfg.workload, int(cfg.iterations), float(cfg.seconds), int(cfg.seed)
+                )
+            )
     # Cost per worker-iteration relative to the smallest cluster of the same scenario.
     for scenario in cfg.scenarios:
         sub = [r for r in rows if r["scenario"] == scenario]
         base = sub[0]["worker_iterations_per_s"]
         for r in sub:
             r["cost_ratio_vs_linear"] = base / r["worker_iterations_per_s"]
-    print(f"Simulator benchmark, K = {cfg.iterations}, one process ({platform.processor() or platform.machine()})")
-    print(f"{'scenario':<14}{'workers':>8}{'intervals/s':>14}{'worker-iter/s':>16}{'us/interval':>13}{'cost/linear':>13}")
+    print(
+        f"Simulator benchmark, K = {cfg.iterations}, one process ({platform.processor() or platform.machine()})"
+    )
+    print(
+        f"{'scenario':<14}{'workers':>8}{'intervals/s':>14}{'worker-iter/s':>16}{'us/interval':>13}{'cost/linear':>13}"
+    )
     for r in rows:
         print(
             f"{r['scenario']:<14}{r['workers']:>8}{r['intervals_per_s']:>14.0f}"
@@ -75,7 +83,9 @@ def run(cfg: DictConfig) -> dict:
     result = {
         "K": int(cfg.iterations),
         "scenario": primary,
-        "intervals_per_s": {str(r["workers"]): round(r["intervals_per_s"], 1) for r in rows if r["scenario"] == primary},
+        "intervals_per_s": {
+            str(r["workers"]): round(r["intervals_per_s"], 1) for r in rows if r["scenario"] == primary
+        },
         "worker_iterations_per_s": {
             str(r["workers"]): round(r["worker_iterations_per_s"]) for r in rows if r["scenario"] == primary
         },

@@ -77,6 +77,29 @@ class IntervalReport:
     events: tuple[str, ...] = ()  # faults or failures that started or ended during the interval
     truth: Mapping[str, Any] | None = field(default=None, repr=False)
 
+    def __eq__(self, other: object) -> bool:
+        """Field-by-field equality (arrays elementwise; in ``truth``, callables are skipped)."""
+        if not isinstance(other, IntervalReport):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "truth":
+                if (a is None) != (b is None):
+                    return False
+                if a is not None:
+                    a = {k: v for k, v in a.items() if not callable(v)}
+                    b = {k: v for k, v in b.items() if not callable(v)}
+                    if a.keys() != b.keys() or not all(np.array_equal(a[k], b[k]) for k in a):
+                        return False
+            elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
     def __deepcopy__(self, memo: dict) -> IntervalReport:
         # Reports are immutable records (vectorised envs deep-copy infos every step): share them.
         return self

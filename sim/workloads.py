@@ -69,7 +69,7 @@ WORKLOADS: dict[str, Workload] = {
             num_classes=10,
             val_samples=10_000,
             initial_local_batch=128,
-            time_budget_s=3 * 3600.0,
+            time_budget_s=3600.0,
         ),
         Workload(
             name="imagenet",

@@ -33,7 +33,10 @@ def test_barrier_iteration_time_is_slowest_worker_plus_exposed_comm():
     b = np.array([64, 64, 64, 64, 512, 512, 512, 512])
     r = sim.run_interval(b, 10)
     expected = np.array(
-        [ComputeModel(compute_params(g, "cifar10")).compute_time_s(x) for g, x in zip(sim.gpu_types, b)]
+        [
+            ComputeModel(compute_params(g, "cifar10")).compute_time_s(x)
+            for g, x in zip(sim.gpu_types, b, strict=False)
+        ]
     )
     np.testing.assert_allclose(r.compute_time_s, expected, rtol=1e-12)
     slowest = expected.max()
@@ -74,11 +77,12 @@ def test_throttling_slows_a_worker_for_exactly_its_window():
 
 
 def test_loss_window_removes_worker_and_pays_restart():
-    window = FaultWindow(kind="loss", worker=7, start_s=2.0, duration_s=3.0)
+    window = FaultWindow(kind="loss", worker=7, start_s=2.0, duration_s=100.0)
     sc = quiet(windows=(window,))
     sim = make(sc, reconfig_delay_s=0.0)
     b = np.full(8, 128)
-    reports = [sim.run_interval(b, 5) for _ in range(40)]
+    reports = [sim.run_interval(b, 5) for _ in range(300)]
+    assert reports[-1].wall_time_s > 160.0
     lost = [r for r in reports if not r.alive[7]]
     assert lost, "the worker should miss whole intervals while lost"
     for r in lost:
@@ -170,7 +174,9 @@ def test_training_progresses_and_reaches_target():
             break
     assert acc[-1] >= sim.workload.target_accuracy - 0.01
     assert acc[-1] > acc[0]
-    assert 0.5 * 3600 < r.wall_time_s < sim.workload.time_budget_s
+    # Traces: the batch-2048 AdaScale run reaches 0.93 after ~2,200 steps; at ~0.2 s per step on
+    # this cluster that is minutes, not hours.
+    assert 300 < r.wall_time_s < sim.workload.time_budget_s
 
 
 cluster_counts = st.fixed_dictionaries(
@@ -186,7 +192,10 @@ def test_reports_are_finite_nonnegative_and_physical(counts, seed, k, data):
     n = sim.num_workers
     for _ in range(3):
         b = np.array(
-            [data.draw(st.integers(int(lo), int(hi))) for lo, hi in zip(sim.min_batch, sim.max_batch)]
+            [
+                data.draw(st.integers(int(lo), int(hi)))
+                for lo, hi in zip(sim.min_batch, sim.max_batch, strict=False)
+            ]
         )
         r = sim.run_interval(b, k)
         r.validate()

@@ -84,18 +84,21 @@ def compute_reward(
             "target_bonus": cfg.target_bonus if reached_target else 0.0,
         }
         return float(sum(terms.values())), terms
-    live = report.alive if report.alive.any() else np.ones_like(report.alive)
+    live = report.alive
+    if live.all() or not live.any():
+        b, var, it = report.local_batch, report.grad_norm_var, report.iteration_time_s
+    else:
+        b, var, it = report.local_batch[live], report.grad_norm_var[live], report.iteration_time_s[live]
+    n = b.size
     acc = float(report.val_accuracy)
     gain = 0.0 if prev_val_accuracy is None else max(0.0, acc - prev_val_accuracy)
-    log_b = np.log2(np.maximum(report.local_batch[live], 1))
-    dev = log_b - cfg.regulariser_center_log2
-    reg = float(np.mean(np.abs(dev) if cfg.regulariser == "abs" else dev))
-    var = report.grad_norm_var[live]
-    stability = float(np.mean(var + np.sqrt(var)))
+    dev = np.log2(np.maximum(b, 1)) - cfg.regulariser_center_log2
+    reg = float((np.abs(dev) if cfg.regulariser == "abs" else dev).sum()) / n
+    stability = float((var + np.sqrt(var)).sum()) / n
     terms = {
         "accuracy": acc,
         "accuracy_gain": cfg.alpha * gain,
-        "iteration_time": -cfg.beta * float(np.mean(report.iteration_time_s[live])),
+        "iteration_time": -cfg.beta * float(it.sum()) / n,
         "batch_regulariser": -cfg.delta * reg,
         "stability": -cfg.eta * stability,
     }

@@ -131,13 +131,19 @@ _G_LOW = np.array([f.low for f in GLOBAL_FEATURES])
 _G_HIGH = np.array([f.high for f in GLOBAL_FEATURES])
 
 
-def _normalise(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    clipped = np.clip(raw, low, high)
-    return (2.0 * (clipped - low) / (high - low) - 1.0).astype(np.float32)
+_W_SCALE, _G_SCALE = 2.0 / (_W_HIGH - _W_LOW), 2.0 / (_G_HIGH - _G_LOW)
+_W_OFFSET, _G_OFFSET = -1.0 - _W_LOW * _W_SCALE, -1.0 - _G_LOW * _G_SCALE
 
 
-def _log2_ratio(x: np.ndarray, ref: float) -> np.ndarray:
-    return np.log2(np.maximum(x, 1e-12) / max(ref, 1e-12))
+def _normalise(
+    raw: np.ndarray, low: np.ndarray, high: np.ndarray, scale: np.ndarray, offset: np.ndarray
+) -> np.ndarray:
+    """Clip to [low, high] and map affinely onto [-1, 1] (in place on ``raw``)."""
+    np.maximum(raw, low, out=raw)
+    np.minimum(raw, high, out=raw)
+    raw *= scale
+    raw += offset
+    return raw.astype(np.float32)
 
 
 class ObservationEncoder:
@@ -155,6 +161,9 @@ class ObservationEncoder:
         self.spec = spec
         self.window = window
         self.noise = NoiseScaleEstimator(noise_smoothing)
+        self._log2_max = np.log2(spec.max_batch.astype(np.float64))
+        self._log2_min = np.log2(spec.min_batch.astype(np.float64))
+        self._log_classes = math.log(spec.num_classes)
         self.reset()
 
     def reset(self) -> None:
@@ -166,52 +175,78 @@ class ObservationEncoder:
         """Consume one report; return (worker features (N, Fw), global features (Fg,)), normalised."""
         spec = self.spec
         self.noise.update(report)
-        self._batch_acc.append(report.batch_accuracy.copy())
+        self._batch_acc.append(report.batch_accuracy)
         self._val_acc.append(float(report.val_accuracy))
         live = report.alive
-        n_live = max(int(live.sum()), 1)
+        all_live = bool(live.all())
+        n_live = live.size if all_live else int(live.sum())
         b = report.local_batch.astype(np.float64)
         it = np.maximum(report.iteration_time_s, 1e-9)
         comp = np.maximum(report.compute_time_s, 1e-9)
-        rate = np.where(live, b / comp, 0.0)
-        mean_b = float(b[live].mean()) if live.any() else 1.0
-        mean_rate = float(rate[live].mean()) if live.any() else 1.0
-        slowest = float(comp[live].max()) if live.any() else 1.0
-        idle_frac = np.where(live, report.idle_time_s / it, 0.0)
         interval = max(report.interval_time_s, 1e-9)
-
-        worker = np.column_stack(
+        # Few, wide numpy calls: this runs once per env step and its cost is benchmarked.
+        logs = np.log10(
+            np.array(
+                [
+                    1.0 + 1e-6 * report.net_bytes_per_s,
+                    1.0 + report.tcp_retransmissions / interval,
+                    it,
+                    comp,
+                    np.maximum(report.grad_norm_mean, 1e-12),
+                    report.grad_norm_var + 1e-12,
+                ]
+            )
+        )
+        log_b = np.log2(b)
+        rate = b / comp
+        idle_frac = report.idle_time_s / it
+        if all_live:  # ndarray.sum / max are much cheaper than .mean() on tiny arrays
+            n = b.size
+            mean_b, mean_rate = float(b.sum()) / n, float(rate.sum()) / n
+            slowest, iter_mean, mean_idle = float(comp.max()), float(it.sum()) / n, float(idle_frac.sum()) / n
+        elif n_live:
+            idle_frac = np.where(live, idle_frac, 0.0)
+            mean_b, mean_rate = float(b[live].mean()), float(rate[live].mean())
+            slowest, iter_mean = float(comp[live].max()), float(it[live].mean())
+            mean_idle = float(idle_frac[live].mean())
+        else:
+            mean_b = mean_rate = slowest = iter_mean = 1.0
+            mean_idle = 0.0
+        raw = np.array(
             [
-                np.log10(1.0 + report.net_bytes_per_s / 1e6),
-                np.log10(1.0 + report.tcp_retransmissions / interval),
+                logs[0],
+                logs[1],
                 report.cpu_util,
                 report.mem_util,
-                np.log10(it),
-                np.log10(comp),
+                logs[2],
+                logs[3],
                 idle_frac,
-                np.log2(np.maximum(b, 1.0)),
+                log_b,
                 report.batch_accuracy,
                 report.batch_accuracy - self._batch_acc[0],
-                np.log10(np.maximum(report.grad_norm_mean, 1e-12)),
-                np.log10(report.grad_norm_var + 1e-12),
-                np.where(live, comp / slowest, 0.0),
-                _log2_ratio(b, mean_b),
-                np.where(live, _log2_ratio(rate, mean_rate), _W_LOW[14]),
-                np.log2(spec.max_batch / np.maximum(b, 1.0)),
-                np.log2(np.maximum(b, 1.0) / spec.min_batch),
+                logs[4],
+                logs[5],
+                comp / slowest,
+                log_b - math.log2(max(mean_b, 1e-12)),
+                np.log2(rate / max(mean_rate, 1e-12)),
+                self._log2_max - log_b,
+                log_b - self._log2_min,
                 report.gpu_util,
-                live.astype(np.float64),
+                live,
             ]
-        )
+        ).T
+        if not all_live:
+            dead = ~live
+            raw[dead, 12] = 0.0
+            raw[dead, 14] = _W_LOW[14]
 
         m = max(report.global_batch, 1)
         bn = self.noise.noise_scale
         bn_value = bn if bn is not None else float(spec.base_batch)
-        iter_mean = float(it[live].mean()) if live.any() else 1.0
         glob = np.array(
             [
                 report.val_accuracy,
-                report.val_loss / math.log(spec.num_classes),
+                report.val_loss / self._log_classes,
                 spec.target_accuracy - report.val_accuracy,
                 report.val_accuracy - self._val_acc[0],
                 math.log2(m),
@@ -220,12 +255,15 @@ class ObservationEncoder:
                 statistical_efficiency(bn_value, m, spec.base_batch),
                 report.wall_time_s / spec.time_budget_s,
                 min(report.comm_time_s / iter_mean, 1.0),
-                float(idle_frac[live].mean()) if live.any() else 0.0,
-                math.log2(n_live),
+                mean_idle,
+                math.log2(max(n_live, 1)),
                 math.log10(interval),
             ]
         )
-        return _normalise(worker, _W_LOW, _W_HIGH), _normalise(glob, _G_LOW, _G_HIGH)
+        return (
+            _normalise(raw, _W_LOW, _W_HIGH, _W_SCALE, _W_OFFSET),
+            _normalise(glob, _G_LOW, _G_HIGH, _G_SCALE, _G_OFFSET),
+        )
 
     @staticmethod
     def centralise(worker: np.ndarray, glob: np.ndarray) -> np.ndarray:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from sim.report import IntervalReport
 
 #: Upper bound on a reported noise-scale estimate (the estimate diverges when |G|^2 ~ 0).
@@ -19,22 +17,28 @@ def two_batch_estimates(report: IntervalReport) -> tuple[float, float] | None:
     Returns ``None`` when fewer than two distinct batch sizes were measured.
     """
     live = report.alive
-    b = report.local_batch[live].astype(np.float64)
-    y = report.local_grad_sqr[live]
-    if b.size == 0 or report.global_batch <= 0:
+    if live.all():
+        b, y = report.local_batch, report.local_grad_sqr
+    else:
+        b, y = report.local_batch[live], report.local_grad_sqr[live]
+    n = b.size
+    if n == 0 or report.global_batch <= 0:
         return None
-    x = np.append(1.0 / b, 1.0 / report.global_batch)
-    y = np.append(y, report.global_grad_sqr)
-    # Weight the global point like all local points together: it averages as many samples.
-    w = np.append(np.ones(b.size), float(b.size))
-    xm = np.average(x, weights=w)
-    sxx = np.average((x - xm) ** 2, weights=w)
-    if sxx <= 0:
+    # Weighted least squares of y on x = 1/B; the global point weighs as much as all local points
+    # together (it averages as many samples). Closed form with sums: this runs every interval.
+    x = 1.0 / b
+    xg, yg = 1.0 / report.global_batch, float(report.global_grad_sqr)
+    sx, sy = float(x.sum()), float(y.sum())
+    w = 2.0 * n
+    xm = (sx + n * xg) / w
+    ym = (sy + n * yg) / w
+    # Centred sums via raw moments: sum (x - xm)^2 = sum x^2 - 2 xm sum x + n xm^2, etc.
+    sxx = float(x @ x) - 2.0 * xm * sx + n * xm * xm + n * (xg - xm) ** 2
+    if sxx <= 1e-12 * max(xm * xm, 1e-300):
         return None
-    ym = np.average(y, weights=w)
-    s = np.average((x - xm) * (y - ym), weights=w) / sxx
-    g2 = ym - s * xm
-    return float(g2), float(s)
+    sxy = float(x @ y) - xm * sy - ym * sx + n * xm * ym + n * (xg - xm) * (yg - ym)
+    s = sxy / sxx
+    return float(ym - s * xm), float(s)
 
 
 class NoiseScaleEstimator:

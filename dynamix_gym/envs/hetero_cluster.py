@@ -219,25 +219,34 @@ class HeteroClusterEnv(gym.Env):
         n = self.num_workers
         if a.shape != (n,):
             raise ValueError(f"action must have shape ({n},) (one entry per worker), got shape {a.shape}")
-        if not self.action_space.contains(a.astype(self.action_space.dtype)) or (
-            self.action_mode == "delta" and not np.all(a == np.round(a))
-        ):
+        if self.action_mode == "delta":
+            kind = a.dtype.kind
+            ok = (kind in "iu" or (kind == "f" and bool((a == np.rint(a)).all()))) and (
+                a.min() >= 0 and a.max() < self.action_set.size
+            )
+        else:
+            box = self.action_space
+            ok = a.dtype.kind in "iuf" and bool((a >= box.low).all() and (a <= box.high).all())
+        if not ok:
             raise ValueError(f"action {a.tolist()} is outside the action space {self.action_space}")
         spec = self.backend.spec
         if self.action_mode == "delta":
-            requested = self.batches + self.action_set[a.astype(np.int64)]
+            requested = self.batches + self.action_set[a.astype(np.int64, copy=False)]
         elif self.action_mode == "absolute":
             requested = np.rint(a.astype(np.float64)).astype(np.int64)
         else:
             requested = np.rint(self.batches * (1.0 + CONTINUOUS_SCALE * a.astype(np.float64))).astype(
                 np.int64
             )
-        applied = np.clip(requested, spec.min_batch, spec.max_batch)
-        clipped = [
-            {"worker": int(i), "requested": int(requested[i]), "applied": int(applied[i])}
-            for i in np.flatnonzero(applied != requested)
-        ]
-        return applied.astype(np.int64), clipped
+        applied = np.minimum(np.maximum(requested, spec.min_batch), spec.max_batch)
+        clipped = []
+        changed = applied != requested
+        if changed.any():
+            clipped = [
+                {"worker": int(i), "requested": int(requested[i]), "applied": int(applied[i])}
+                for i in np.flatnonzero(changed)
+            ]
+        return applied, clipped
 
     def _observe(self, report: IntervalReport) -> None:
         self.last_report = report

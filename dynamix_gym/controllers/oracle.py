@@ -1,0 +1,109 @@
+"""The oracle: ground-truth goodput maximisation, a lower bound on time-to-accuracy in simulation."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dynamix_gym.backend import BackendSpec
+from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.controllers.split import equal_time_split, round_to_total
+
+#: Local batches at which the true compute times are tabulated for the equal-time split.
+_TABLE_POINTS = 384
+
+
+class OracleController(BaseController):
+    """Picks the split and the global batch from the simulator's hidden state (``report.truth``).
+
+    Not a published method: the reference every baseline is measured against. It knows what no
+    real controller can: each worker's true noise-free compute time at the current fault state
+    (``truth["compute_time_s"]``), the true iteration time (``truth["iteration_time_s"]``) and the
+    true progress per step r(M, p) (``truth["progress_per_step"]``, AdaScale's gain times the
+    true statistical efficiency at the true progress p).
+
+    Rules, every interval:
+
+    1. For each global batch M on a geometric grid of ``grid_points`` values between the smallest
+       and largest feasible global batch of the live workers, split M so that the true compute
+       times are equal (water-filling, :func:`~dynamix_gym.controllers.split.equal_time_split`),
+       rounded to whole samples.
+    2. Score each candidate by its true goodput, the training progress per second of wall time,
+       with an optional generalisation penalty:
+
+           goodput(M) = r(M, p) / T_iter(split(M)) * (M / M0) ** (-batch_penalty)
+
+       ``batch_penalty`` > 0 accounts for the progress a large-batch run needs on top (the
+       simulator's accuracy model stretches the progress to a given accuracy by
+       2 ** (s * log2(M / M_ref)) with s = its ``stretch_exponent``, which ``report.truth`` does
+       not expose); 0 is the plain greedy goodput oracle.
+    3. Changing any batch costs the backend a reconfiguration pause (1 s in the simulator), so
+       the best candidate replaces the batches in force only if its goodput beats theirs by more
+       than ``min_gain`` (relative).
+
+    Args:
+        grid_points: number of global batches searched (>= 2).
+        min_gain: relative goodput improvement a change must bring, in [0, 1).
+        batch_penalty: exponent s of the large-batch penalty above, in [0, 1].
+
+    Raises:
+        RuntimeError: from :meth:`predict` when ``report.truth`` is ``None`` (a real backend).
+    """
+
+    name: ClassVar[str] = "oracle"
+    uses_truth: ClassVar[bool] = True
+
+    def __init__(self, grid_points: int = 48, min_gain: float = 0.02, batch_penalty: float = 0.0) -> None:
+        if isinstance(grid_points, bool) or int(grid_points) != grid_points or grid_points < 2:
+            raise ValueError(f"OracleController.grid_points must be an integer >= 2, got {grid_points!r}")
+        if not 0.0 <= min_gain < 1.0:
+            raise ValueError(f"OracleController.min_gain must be in [0, 1), got {min_gain!r}")
+        if not 0.0 <= batch_penalty <= 1.0:
+            raise ValueError(f"OracleController.batch_penalty must be in [0, 1], got {batch_penalty!r}")
+        self.grid_points = int(grid_points)
+        self.min_gain = float(min_gain)
+        self.batch_penalty = float(batch_penalty)
+
+    def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
+        super().reset(spec, rng)
+        lo, hi = int(spec.min_batch.min()), int(spec.max_batch.max())
+        self._grid = np.unique(np.rint(np.geomspace(lo, hi, _TABLE_POINTS)))
+
+    def goodput(self, truth: Any, batches: np.ndarray, alive: np.ndarray) -> float:
+        """True (penalised) goodput of ``batches``, in base-batch steps per second."""
+        m = float(batches[alive].sum())
+        rate = truth["progress_per_step"](m, truth["progress"]) / truth["iteration_time_s"](batches)
+        return float(rate * (m / self.spec.base_batch) ** (-self.batch_penalty))
+
+    def predict(
+        self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True
+    ) -> tuple[np.ndarray, None]:
+        report = info["report"]
+        truth = report.truth
+        if truth is None:
+            raise RuntimeError(
+                "OracleController needs report.truth (the simulator's hidden state); this backend "
+                "reports none (a real cluster?). Use a controller with uses_truth=False instead."
+            )
+        spec = self.spec
+        current = np.asarray(info["local_batches"], dtype=np.int64)
+        alive = np.asarray(truth["alive"], dtype=bool)
+        if not alive.any():
+            return current.astype(np.float32), None
+        lo, hi = spec.min_batch[alive], spec.max_batch[alive]
+        # True compute time of every live worker at every tabulated local batch: (G, N_alive).
+        table = truth["compute_time_s"](np.repeat(self._grid[:, None], spec.num_workers, axis=1))[:, alive]
+        totals = np.unique(np.rint(np.geomspace(lo.sum(), hi.sum(), self.grid_points)))
+        splits, _ = equal_time_split(self._grid, table, totals, lo, hi)
+        best, best_rate = current, self.goodput(truth, current, alive)
+        current_rate = best_rate
+        for m, split in zip(totals, splits, strict=True):
+            cand = current.copy()
+            cand[alive] = round_to_total(split, int(m), lo, hi)
+            rate = self.goodput(truth, cand, alive)
+            if rate > best_rate:
+                best, best_rate = cand, rate
+        if best_rate <= current_rate * (1.0 + self.min_gain):
+            best = current
+        return best.astype(np.float32), None

@@ -1,0 +1,428 @@
+"""The drop-in controller: DYNAMIX batch-size control inside an existing DDP training loop.
+
+Add it to a script launched by ``torchrun`` (one node or several, c10d rendezvous); no extra
+service runs anywhere::
+
+    ctl = DynamixController(ddp_model, optimizer, policy="dlb", interval=50, evaluate=my_eval)
+    loader = DataLoader(dataset, batch_sampler=ctl.batch_sampler(len(dataset)))
+    for x, y in loader:
+        ctl.begin()
+        out = ddp_model(x)
+        loss = F.cross_entropy(out, y, reduction="sum")
+        (loss * ctl.loss_scale).backward()            # W / B: the global-batch mean gradient
+        optimizer.step(); optimizer.zero_grad()
+        ctl.end(loss.detach(), (out.argmax(1) == y).sum())
+        if ctl.done:
+            break
+
+Every rank measures its iterations (the comm hook of :mod:`adapters.hooks` times the end of local
+compute and the all-reduce and takes the gradient norms). Every ``interval`` iterations one
+``all_gather`` brings the measurements to rank 0, which builds the same
+:class:`~sim.report.IntervalReport` the env sees, encodes the same observation, asks the policy (a
+baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
+does (:meth:`HeteroClusterEnv.apply_action`: same action modes, same clipping). One ``broadcast``
+hands every rank the new batches, the scaled learning rate and the stop flag, so every rank
+changes its batch at the same step boundary.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pkgutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from adapters.hooks import GradStats, grad_stats_hook
+from adapters.hostmetrics import HostSnapshot, ProcessMeter
+from adapters.lr import lr_gain
+from adapters.sampling import DynamicBatchSampler, loss_weight
+from dynamix_gym.backend import BackendSpec, IntervalReport
+from dynamix_gym.controllers.base import Controller
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.stats import NoiseScaleEstimator
+
+#: Per-rank scalars gathered at each interval boundary, after 2 K per-iteration times.
+_SCALARS = (
+    "batch",
+    "iter_s",
+    "samples",
+    "correct",
+    "loss_sum",
+    "grad_norm_mean",
+    "grad_norm_var",
+    "local_sqr",
+    "global_sqr",
+    "cpu_util",
+    "mem_util",
+    "bytes_sent",
+    "retrans",
+    "val_acc",
+    "val_loss",
+    "gpu_util",
+)
+
+
+def resolve_policy(policy: Controller | str | Path) -> Controller:
+    """A controller object, a baseline's name (``dynamix_gym.controllers``) or a PPO bundle path."""
+    if not isinstance(policy, str | Path):
+        return policy
+    path = Path(policy)
+    if path.exists():
+        from dynamix_gym.bundle import PPOController
+
+        return PPOController(path)
+    name = str(policy)
+    try:
+        registry = importlib.import_module("dynamix_gym.controllers.registry")
+        return registry.make_controller(name)
+    except ImportError:
+        pass
+    import dynamix_gym.controllers as pkg
+    from dynamix_gym.controllers.base import BaseController
+
+    found = {}
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, BaseController) and obj is not BaseController:
+                found[getattr(obj, "name", "")] = obj
+    if name not in found:
+        raise ValueError(
+            f"unknown policy {name!r}: not a bundle path nor one of {sorted(k for k in found if k)}"
+        )
+    return found[name]()
+
+
+class _SpecOnly:
+    """A backend that only carries a spec: lets rank 0 reuse the env's action and observation code."""
+
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
+
+    def reset(self, seed=None, *, rng=None) -> None:  # pragma: no cover - never driven
+        raise RuntimeError("the drop-in controller's env is not driven; the user's loop trains")
+
+    def run_interval(self, local_batches, iterations):  # pragma: no cover
+        raise RuntimeError("the drop-in controller's env is not driven; the user's loop trains")
+
+    def close(self) -> None:
+        pass
+
+
+class DynamixController:
+    """Batch-size control for a ``DistributedDataParallel`` loop; construct it on every rank.
+
+    Args:
+        ddp_model: the user's DDP model (a comm hook is registered on it).
+        optimizer: its optimiser; the learning rate is set at every decision (``lr_rule``).
+        policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
+        interval: K, iterations per decision.
+        base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
+        min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
+        lr_rule: adascale | linear | sqrt | none (``adapters.lr``).
+        evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
+            values are used. ``None``: the interval's training accuracy and loss stand in.
+        target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        gpu_types: names for the spec (default: the device type per rank).
+        slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
+    """
+
+    def __init__(
+        self,
+        ddp_model: torch.nn.parallel.DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        policy: Controller | str | Path,
+        *,
+        interval: int = 50,
+        base_batch: int = 32,
+        min_batch: int | list[int] = 8,
+        max_batch: int | list[int] = 512,
+        initial_batch: int | list[int] | None = None,
+        base_lr: float | None = None,
+        lr_rule: str = "adascale",
+        evaluate: Callable[[], tuple[float, float]] | None = None,
+        target_accuracy: float = 1.0,
+        time_budget_s: float = math.inf,
+        num_classes: int = 10,
+        workload: str = "user",
+        gpu_types: tuple[str, ...] | None = None,
+        slowdown: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DynamixController needs an initialised process group (run under torchrun)")
+        if interval < 1:
+            raise ValueError(f"interval (K) must be >= 1, got {interval}")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.interval = int(interval)
+        self.optimizer = optimizer
+        self.base_lr = float(base_lr if base_lr is not None else optimizer.param_groups[0]["lr"])
+        self.base_batch = int(base_batch)
+        self.lr_rule = lr_rule
+        self.evaluate = evaluate
+        self.slowdown = float(slowdown)
+        self.cuda = next(ddp_model.parameters()).is_cuda
+        self.comm_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+        self.stats = GradStats(world_size=self.world, cuda=self.cuda)
+        ddp_model.register_comm_hook(self.stats, grad_stats_hook)
+
+        def per_rank(v: int | list[int] | None) -> np.ndarray:
+            v = base_batch if v is None else v
+            arr = (
+                np.full(self.world, int(v), dtype=np.int64)
+                if np.isscalar(v)
+                else np.asarray(v, dtype=np.int64)
+            )
+            if arr.shape != (self.world,):
+                raise ValueError(f"per-rank batch lists need {self.world} entries, got {list(v)}")
+            return arr
+
+        self.batches = per_rank(initial_batch)
+        self.spec = BackendSpec(
+            gpu_types=tuple(gpu_types) if gpu_types else ("cuda" if self.cuda else "cpu",) * self.world,
+            node_of_worker=self._node_of_worker(),
+            min_batch=per_rank(min_batch),
+            max_batch=per_rank(max_batch),
+            initial_batch=self.batches.copy(),
+            base_batch=self.base_batch,
+            target_accuracy=float(target_accuracy),
+            time_budget_s=float(time_budget_s),
+            num_classes=int(num_classes),
+            workload=workload,
+            deterministic=False,
+        )
+        self.noise = NoiseScaleEstimator()
+        self.policy: Controller | None = None
+        self.env: HeteroClusterEnv | None = None
+        if self.rank == 0:
+            self.policy = resolve_policy(policy)
+            self.env = HeteroClusterEnv(
+                backend=_SpecOnly(self.spec), interval=self.interval, action_mode=self.policy.action_mode
+            )
+            self.env.batches = self.batches.copy()
+            self.policy.reset(self.spec, np.random.default_rng(seed))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.meter = ProcessMeter(ranks_on_host=local_world)
+        self.local_world = local_world
+        self.done = False
+        self.decisions = 0
+        self.last_report: IntervalReport | None = None
+        self.overhead_s = 0.0  # time spent in decisions (gather, policy, broadcast), this rank
+        self._set_lr(self._lr_for(self.batches))
+        self._t_run = time.perf_counter()
+        self._new_interval()
+
+    # --- what the training loop reads --------------------------------------------------------------
+    @property
+    def local_batch(self) -> int:
+        return int(self.batches[self.rank])
+
+    @property
+    def loss_scale(self) -> float:
+        """W / B: multiply the *summed* per-sample loss by this before ``backward``."""
+        return loss_weight(self.batches)
+
+    def batch_sampler(self, n: int, seed: int = 0, steps: int | None = None) -> DynamicBatchSampler:
+        """A ``DataLoader`` batch sampler that follows this controller's batches (shared permutation)."""
+        return DynamicBatchSampler(n, self.rank, lambda: self.batches, seed=seed, steps=steps)
+
+    # --- per iteration --------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Call at the start of each iteration (before taking the batch to the device)."""
+        self.stats.begin(self.slowdown)
+
+    def end(self, loss_sum: torch.Tensor | float, correct: torch.Tensor | int) -> bool:
+        """Call after ``optimizer.step()``; returns True when a new decision took effect."""
+        st = self.stats
+        if self.cuda:
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
+        k = self._k
+        ready = st.t_ready or t_end
+        self._compute[k] = ready - st.t_start + st.injected_s
+        self._wait[k] = max(t_end - ready - st.injected_s, 0.0)
+        self._iter[k] = t_end - st.t_start
+        self._busy += ready - st.t_start
+        b = self.local_batch
+        self._local_sqr[k] = st.local_sqr * ((self.batches.sum() / (self.world * b)) ** 2 if b > 0 else 0.0)
+        self._global_sqr[k] = st.global_sqr
+        self._loss = self._loss + loss_sum
+        self._correct = self._correct + correct
+        self._k += 1
+        if self._k < self.interval:
+            return False
+        return self._decide()
+
+    # --- at interval boundaries ---------------------------------------------------------------------
+    def _node_of_worker(self) -> tuple[int, ...]:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        return tuple(r // max(local, 1) for r in range(self.world))
+
+    def _new_interval(self) -> None:
+        k = self.interval
+        self._k = 0
+        self._compute = np.zeros(k)
+        self._wait = np.zeros(k)
+        self._iter = np.zeros(k)
+        self._local_sqr = np.zeros(k)
+        self._global_sqr = np.zeros(k)
+        self._busy = 0.0
+        self._loss: Any = 0.0
+        self._correct: Any = 0
+        self._t_interval = time.perf_counter()
+        self._snap = HostSnapshot.take()
+        self.meter.mark()
+
+    def _lr_for(self, batches: np.ndarray) -> float:
+        return self.base_lr * lr_gain(
+            self.lr_rule, int(batches.sum()), self.base_batch, self.noise.noise_scale
+        )
+
+    def _set_lr(self, lr: float) -> None:
+        self.lr = lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def _decide(self) -> bool:
+        t0 = time.perf_counter()
+        k = self.interval
+        val_acc, val_loss = self.evaluate() if self.evaluate is not None else (math.nan, math.nan)
+        t_eval = time.perf_counter() - t0
+        cpu, mem = self.meter.read()
+        seconds, sent, retrans = self._snap.delta(HostSnapshot.take())
+        gnorm = np.sqrt(self._local_sqr)
+        samples = self.local_batch * k
+        scalars = {
+            "batch": self.local_batch,
+            "iter_s": float(self._iter.mean()),
+            "samples": samples,
+            "correct": float(self._correct),
+            "loss_sum": float(self._loss),
+            "grad_norm_mean": float(gnorm.mean()),
+            "grad_norm_var": float(gnorm.var()),
+            "local_sqr": float(self._local_sqr.mean()),
+            "global_sqr": float(self._global_sqr.mean()),
+            "cpu_util": cpu,
+            "mem_util": mem,
+            "bytes_sent": sent / self.local_world / max(seconds, 1e-9),
+            "retrans": retrans / self.local_world,
+            "val_acc": float(val_acc),
+            "val_loss": float(val_loss),
+            "gpu_util": min(self._busy / max(float(self._iter.sum()), 1e-12), 1.0),
+        }
+        mine = np.concatenate([self._compute, self._wait, np.array([scalars[s] for s in _SCALARS])])
+        local = torch.from_numpy(mine).to(self.comm_device)
+        gathered = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(gathered, local)
+        interval_s = time.perf_counter() - self._t_interval
+        decision = torch.zeros(self.world + 2, dtype=torch.float64, device=self.comm_device)
+        if self.rank == 0:
+            rows = torch.stack(gathered).cpu().numpy()
+            report = self._report(rows, interval_s)
+            self.last_report = report
+            self.noise.update(report)
+            env = self.env
+            worker_obs, global_obs = env.encoder.update(report)
+            obs = env.encoder.centralise(worker_obs, global_obs)
+            info = {"report": report, "local_batches": self.batches.copy()}
+            action, _ = self.policy.predict(obs, info, deterministic=True)
+            new, _clipped = env.apply_action(action)
+            env.batches = new
+            stop = (
+                report.val_accuracy >= self.spec.target_accuracy
+                or report.wall_time_s >= self.spec.time_budget_s
+            )
+            decision[: self.world] = torch.from_numpy(new.astype(np.float64))
+            decision[self.world] = self._lr_for(new)
+            decision[self.world + 1] = float(stop)
+        dist.broadcast(decision, src=0)
+        d = decision.cpu().numpy()
+        new = d[: self.world].astype(np.int64)
+        changed = bool(np.any(new != self.batches))
+        self.batches = new
+        self._set_lr(float(d[self.world]))
+        self.done = bool(d[self.world + 1])
+        self.decisions += 1
+        self.overhead_s += time.perf_counter() - t0 - t_eval
+        self._new_interval()
+        return changed
+
+    def _report(self, rows: np.ndarray, interval_s: float) -> IntervalReport:
+        k = self.interval
+        compute, wait = rows[:, :k], rows[:, k : 2 * k]
+        s = {name: rows[:, 2 * k + i] for i, name in enumerate(_SCALARS)}
+        b = s["batch"].astype(np.int64)
+        idle = (compute.max(axis=0)[None, :] - compute).mean(axis=1)
+        denom = np.maximum(s["samples"], 1.0)
+        val_acc, val_loss = float(s["val_acc"][0]), float(s["val_loss"][0])
+        if math.isnan(val_acc):  # no evaluate(): the interval's training accuracy and loss stand in
+            val_acc = float(s["correct"].sum() / denom.sum())
+            val_loss = float(s["loss_sum"].sum() / denom.sum())
+        return IntervalReport(
+            local_batch=b,
+            alive=np.ones(self.world, dtype=bool),
+            iteration_time_s=s["iter_s"],
+            compute_time_s=compute.mean(axis=1),
+            idle_time_s=np.maximum(idle, 0.0),
+            samples_per_s=b * k / max(interval_s, 1e-9),
+            net_bytes_per_s=s["bytes_sent"],
+            tcp_retransmissions=s["retrans"],
+            cpu_util=s["cpu_util"],
+            mem_util=s["mem_util"],
+            gpu_util=s["gpu_util"],
+            gpu_mem_util=np.zeros(self.world),
+            batch_accuracy=s["correct"] / denom,
+            batch_loss=s["loss_sum"] / denom,
+            grad_norm_mean=s["grad_norm_mean"],
+            grad_norm_var=s["grad_norm_var"],
+            local_grad_sqr=s["local_sqr"],
+            iterations=k,
+            interval_time_s=interval_s,
+            wall_time_s=time.perf_counter() - self._t_run,
+            reconfig_time_s=0.0,
+            comm_time_s=float(wait.min(axis=0).mean()),
+            global_batch=int(b.sum()),
+            global_grad_sqr=float(s["global_sqr"][0]),
+            val_accuracy=val_acc,
+            val_loss=max(val_loss, 0.0),
+            samples=int(b.sum()) * k,
+            epoch=0.0,
+            truth=None,
+        )
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Batches, learning rate, noise estimate and (rank 0) the policy and observation history."""
+        state = {
+            "batches": self.batches.tolist(),
+            "lr": self.lr,
+            "noise": (self.noise.grad_sqr, self.noise.trace_sigma),
+            "decisions": self.decisions,
+        }
+        if self.rank == 0:
+            state["policy"] = self.policy
+            state["encoder"] = self.env.encoder
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches = np.asarray(state["batches"], dtype=np.int64)
+        self._set_lr(float(state["lr"]))
+        self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
+        self.decisions = int(state["decisions"])
+        if self.rank == 0 and "policy" in state:
+            self.policy = state["policy"]
+            self.env.encoder = state["encoder"]
+            self.env.batches = self.batches.copy()
+        self._new_interval()

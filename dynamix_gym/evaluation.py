@@ -81,6 +81,9 @@ def run_episode(
             f"controller {controller.name!r} emits {controller.action_mode!r} actions but the env is in "
             f"{base.action_mode!r} mode"
         )
+    check = getattr(controller, "check_env", None)
+    if check is not None:  # e.g. a PPO bundle refusing an env with another action set
+        check(base)
     obs, info = env.reset(seed=seed)
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec

@@ -274,3 +274,16 @@ class ObservationEncoder:
         """(N, Fw + Fg): each worker's own features followed by the shared global features."""
         n = worker.shape[0]
         return np.concatenate([worker, np.broadcast_to(glob, (n, glob.shape[0]))], axis=1).astype(np.float32)
+
+
+def split_centralised(obs: np.ndarray, num_workers: int) -> np.ndarray:
+    """(N, Fw + Fg) per-worker rows from a centralised observation of ``num_workers`` workers."""
+    obs = np.asarray(obs)
+    fw = OBS_SCHEMA.worker_dim
+    if obs.shape != (OBS_SCHEMA.centralised_dim(num_workers),):
+        raise ValueError(
+            f"a centralised observation of {num_workers} workers has shape "
+            f"({OBS_SCHEMA.centralised_dim(num_workers)},), got {obs.shape}"
+        )
+    worker = obs[: num_workers * fw].reshape(num_workers, fw)
+    return ObservationEncoder.per_worker(worker, obs[num_workers * fw :])

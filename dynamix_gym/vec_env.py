@@ -1,129 +1,157 @@
 """PerWorkerVecEnv: every worker of several clusters as one sub-environment of an SB3 VecEnv.
 
 This is parameter sharing in the manner of SuperSuit's PettingZoo-to-SB3 conversion: each worker
-is a sample of one shared policy (its own features plus the cluster-wide ones), and receives the
-cluster's reward. Because the policy never sees the cluster size in its input shape, a policy
-trained on 4-worker clusters drives 8, 16 or 32 workers unchanged.
+is a sample of one shared policy (its own features plus the cluster-wide ones) and receives its
+cluster's reward. The policy never sees the cluster size in its input shape, so a policy trained on
+4-worker clusters drives 8, 16 or 32 workers unchanged.
+
+Each cluster runs in its own single-env SB3 VecEnv: ``DummyVecEnv`` (in-process, the default) or
+``SubprocVecEnv`` (one process per cluster). Clusters may differ in size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from copy import deepcopy
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.schema import OBS_SCHEMA
+from dynamix_gym.schema import OBS_SCHEMA, split_centralised
 
 
 class PerWorkerVecEnv(VecEnv):
-    """Sub-environment ``j`` is worker ``j - offset[c]`` of cluster env ``c``.
+    """Sub-environment ``j`` is worker ``j - offsets[c]`` of cluster ``c``.
 
     Args:
-        env_fns: callables building :class:`HeteroClusterEnv` instances in ``delta`` action mode.
-            Their worker counts may differ; the number of sub-environments is their sum.
+        env_fns: callables building :class:`HeteroClusterEnv` instances (``delta`` action mode).
+        sizes: the number of workers each callable's cluster has (needed up front when clusters
+            live in subprocesses; inferred in-process when omitted).
+        subprocess: run each cluster in its own process (``SubprocVecEnv``).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], HeteroClusterEnv]]) -> None:
-        self.envs = [fn() for fn in env_fns]
-        if not self.envs:
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        sizes: Sequence[int] | None = None,
+        subprocess: bool = False,
+    ) -> None:
+        if not env_fns:
             raise ValueError("PerWorkerVecEnv needs at least one cluster env")
-        for e in self.envs:
-            if not isinstance(e.unwrapped, HeteroClusterEnv) or e.unwrapped.action_mode != "delta":
-                raise ValueError("PerWorkerVecEnv needs HeteroClusterEnv instances in action_mode='delta'")
-        sets = {tuple(e.unwrapped.action_set.tolist()) for e in self.envs}
-        if len(sets) != 1:
-            raise ValueError(f"all cluster envs must share one action set, got {sorted(sets)}")
-        self.sizes = [e.unwrapped.num_workers for e in self.envs]
-        self.offsets = np.concatenate(([0], np.cumsum(self.sizes)))
+        if subprocess:
+            if sizes is None:
+                raise ValueError("sizes must be given when clusters run in subprocesses")
+            self.clusters: list[VecEnv] = [SubprocVecEnv([fn], start_method="spawn") for fn in env_fns]
+        else:
+            self.clusters = [DummyVecEnv([fn]) for fn in env_fns]
+            for c in self.clusters:
+                inner = c.envs[0].unwrapped
+                if not isinstance(inner, HeteroClusterEnv) or inner.action_mode != "delta":
+                    raise ValueError(
+                        "PerWorkerVecEnv needs HeteroClusterEnv instances in action_mode='delta'"
+                    )
+            sizes = [c.envs[0].unwrapped.num_workers for c in self.clusters]
+        self.sizes = [int(s) for s in sizes]
+        if len(self.sizes) != len(self.clusters):
+            raise ValueError(f"got {len(self.clusters)} env_fns but {len(self.sizes)} sizes")
+        for c, n in zip(self.clusters, self.sizes, strict=True):
+            expected = OBS_SCHEMA.centralised_dim(n)
+            if c.observation_space.shape != (expected,):
+                raise ValueError(
+                    f"a cluster declared with {n} workers has observation shape {c.observation_space.shape}, "
+                    f"expected ({expected},)"
+                )
+            if not isinstance(c.action_space, spaces.MultiDiscrete):
+                raise ValueError(
+                    "PerWorkerVecEnv needs clusters in action_mode='delta' (MultiDiscrete actions)"
+                )
+        n_actions = {int(c.action_space.nvec[0]) for c in self.clusters}
+        if len(n_actions) != 1:
+            raise ValueError(f"all clusters must share one action set, got sizes {sorted(n_actions)}")
+        self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         obs_space = spaces.Box(-1.0, 1.0, (OBS_SCHEMA.per_worker_dim,), np.float32)
-        act_space = spaces.Discrete(len(next(iter(sets))))
-        super().__init__(int(self.offsets[-1]), obs_space, act_space)
-        self._cluster_seeds: list[int | None] = [None] * len(self.envs)
+        super().__init__(int(self.offsets[-1]), obs_space, spaces.Discrete(n_actions.pop()))
         self.actions: np.ndarray | None = None
 
     # --- VecEnv API -------------------------------------------------------------------------------
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
-        self._cluster_seeds = [seed + c for c in range(len(self.envs))]
-        return [seed + c for c in range(len(self.envs)) for _ in range(self.sizes[c])]
+        for c, cluster in enumerate(self.clusters):
+            cluster.seed(seed + c)
+        return [seed + c for c in range(len(self.clusters)) for _ in range(self.sizes[c])]
 
     def reset(self):
-        obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=np.float32)
-        for c, env in enumerate(self.envs):
-            env.reset(seed=self._cluster_seeds[c])
+        obs = np.empty((self.num_envs, *self.observation_space.shape), dtype=np.float32)
+        for c, cluster in enumerate(self.clusters):
             lo, hi = self.offsets[c], self.offsets[c + 1]
-            obs[lo:hi] = env.unwrapped.per_worker_observations()
+            obs[lo:hi] = split_centralised(cluster.reset()[0], self.sizes[c])
             for j in range(lo, hi):
                 self.reset_infos[j] = {"cluster": c, "worker": j - lo}
-        self._cluster_seeds = [None] * len(self.envs)
         self._reset_options()
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
         self.actions = np.asarray(actions).reshape(self.num_envs)
+        for c, cluster in enumerate(self.clusters):
+            cluster.step_async(self.actions[None, self.offsets[c] : self.offsets[c + 1]])
 
     def step_wait(self) -> VecEnvStepReturn:
-        obs = np.zeros((self.num_envs, *self.observation_space.shape), dtype=np.float32)
-        rewards = np.zeros(self.num_envs, dtype=np.float32)
-        dones = np.zeros(self.num_envs, dtype=bool)
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        for c, env in enumerate(self.envs):
-            lo, hi = self.offsets[c], self.offsets[c + 1]
-            _, reward, terminated, truncated, info = env.step(self.actions[lo:hi])
-            rows = env.unwrapped.per_worker_observations()
-            done = terminated or truncated
-            rewards[lo:hi] = reward
-            dones[lo:hi] = done
-            for j in range(lo, hi):
-                w = j - lo
-                infos[j] = {"cluster": c, "worker": w, "TimeLimit.truncated": truncated and not terminated}
+        obs = np.empty((self.num_envs, *self.observation_space.shape), dtype=np.float32)
+        rewards = np.empty(self.num_envs, dtype=np.float32)
+        dones = np.empty(self.num_envs, dtype=bool)
+        infos: list[dict[str, Any]] = []
+        for c, cluster in enumerate(self.clusters):
+            lo, hi, n = self.offsets[c], self.offsets[c + 1], self.sizes[c]
+            c_obs, c_rew, c_done, c_infos = cluster.step_wait()
+            info = c_infos[0]
+            obs[lo:hi] = split_centralised(c_obs[0], n)
+            rewards[lo:hi] = c_rew[0]
+            dones[lo:hi] = c_done[0]
+            truncated = bool(info.get("TimeLimit.truncated", False))
+            terminal = split_centralised(info["terminal_observation"], n) if c_done[0] else None
+            for w in range(n):
+                row = {"cluster": c, "worker": w, "TimeLimit.truncated": truncated}
                 if w == 0:  # the cluster's own info once, on its first worker
-                    infos[j]["cluster_info"] = info
-            if done:
-                for j in range(lo, hi):
-                    infos[j]["terminal_observation"] = rows[j - lo].copy()
-                env.reset()
-                rows = env.unwrapped.per_worker_observations()
-            obs[lo:hi] = rows
+                    row["cluster_info"] = info
+                if terminal is not None:
+                    row["terminal_observation"] = terminal[w]
+                infos.append(row)
         return obs, rewards, dones, infos
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        for cluster in self.clusters:
+            cluster.close()
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        return [getattr(self._cluster_of(i), attr_name) for i in self._get_indices(indices)]
+        return [
+            self.clusters[self._cluster_index(i)].get_attr(attr_name)[0] for i in self._get_indices(indices)
+        ]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        for c in {self._cluster_index(i) for i in self._get_indices(indices)}:
-            setattr(self.envs[c], attr_name, deepcopy(value))
+        for c in sorted({self._cluster_index(i) for i in self._get_indices(indices)}):
+            self.clusters[c].set_attr(attr_name, value)
 
     def env_method(
         self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs
     ) -> list[Any]:
         return [
-            getattr(self._cluster_of(i), method_name)(*method_args, **method_kwargs)
+            self.clusters[self._cluster_index(i)].env_method(method_name, *method_args, **method_kwargs)[0]
             for i in self._get_indices(indices)
         ]
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
-        from stable_baselines3.common import env_util
-
-        return [env_util.is_wrapped(self._cluster_of(i), wrapper_class) for i in self._get_indices(indices)]
+        return [
+            self.clusters[self._cluster_index(i)].env_is_wrapped(wrapper_class)[0]
+            for i in self._get_indices(indices)
+        ]
 
     def get_images(self):
         return [None for _ in range(self.num_envs)]
 
-    # --- helpers ----------------------------------------------------------------------------------
     def _cluster_index(self, i: int) -> int:
         return int(np.searchsorted(self.offsets, i, side="right") - 1)
-
-    def _cluster_of(self, i: int) -> gym.Env:
-        return self.envs[self._cluster_index(i)]

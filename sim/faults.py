@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
@@ -236,6 +236,25 @@ def get_scenario(name: str | Scenario) -> Scenario:
         return name
     check_choice("scenario", name, SCENARIOS)
     return SCENARIOS[name]
+
+
+def scale_intensity(scenario: Scenario, factor: float, name: str | None = None) -> Scenario:
+    """The same scenario with every fault onset rate (and the jitter level) multiplied by
+    ``factor``; used for domain randomisation."""
+    check_range("intensity factor", factor, 0.0, 100.0)
+    sc = scenario
+    return replace(
+        sc,
+        name=name or f"{sc.name}x{factor:.2f}",
+        throttle=replace(sc.throttle, rate_per_hour=sc.throttle.rate_per_hour * factor),
+        interference=replace(sc.interference, rate_per_hour=sc.interference.rate_per_hour * factor),
+        network=replace(
+            sc.network,
+            bandwidth_cv=min(sc.network.bandwidth_cv * factor, 5.0),
+            congestion_rate_per_hour=sc.network.congestion_rate_per_hour * factor,
+        ),
+        slowdown=replace(sc.slowdown, probability=min(sc.slowdown.probability * factor, 1.0)),
+    )
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,14 @@ class IntervalReport:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __reduce__(self):
+        # Pickling (e.g. across SubprocVecEnv pipes) keeps the data and drops the ground-truth
+        # callables, which hold the live simulator.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.truth is not None:
+            state["truth"] = {k: v for k, v in self.truth.items() if not callable(v)}
+        return (_rebuild_report, (state,))
+
     def __deepcopy__(self, memo: dict) -> IntervalReport:
         # Reports are immutable records (vectorised envs deep-copy infos every step): share them.
         return self
@@ -146,3 +154,7 @@ class IntervalReport:
             v = float(getattr(self, name))
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"IntervalReport.{name} must be finite and >= 0, got {v}")
+
+
+def _rebuild_report(state: dict[str, Any]) -> IntervalReport:
+    return IntervalReport(**state)

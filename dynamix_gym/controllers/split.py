@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Bisection steps for the common time of an equal-time split (2**-60 of the bracket: exact enough).
-_BISECTION_STEPS = 60
-
 
 def fill_to_total(weights: np.ndarray, total: float, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Split ``total`` in proportion to ``weights``, within [lo, hi] per worker (water-filling).
@@ -115,15 +112,12 @@ def equal_time_split(
         cols = [np.interp(tc, t[:, i], grid) for i in range(n)]
         return np.clip(np.stack(cols, axis=-1), lo, hi)
 
-    low = np.full(totals.shape, float(t.min()))
-    high = np.full(totals.shape, float(t.max()))
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (low + high)
-        short = batches_at(mid).sum(axis=-1) < totals
-        low = np.where(short, mid, low)
-        high = np.where(short, high, mid)
-    tc = 0.5 * (low + high)
+    # Every b_i(T) is piecewise linear between the tabulated times, so the total is exactly
+    # piecewise linear on the union of those times: invert it there.
+    t_all = np.unique(t)
+    sums = batches_at(t_all).sum(axis=-1)
+    tc = np.interp(totals, sums, t_all)
     b = batches_at(tc)
-    # Bisection leaves a sub-sample residue: share it out so the sums are exact.
+    # Share out the sub-sample residue of flat stretches so that the sums are exact.
     b = np.stack([fill_to_total(np.maximum(bk, 1e-9), m, lo, hi) for bk, m in zip(b, totals, strict=True)])
     return b, tc

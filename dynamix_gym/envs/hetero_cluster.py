@@ -172,6 +172,10 @@ class HeteroClusterEnv(gym.Env):
     # --- gymnasium API ------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        return self._start_episode()
+
+    def _start_episode(self):
+        """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""
         self.backend.reset(rng=self.np_random)
         self.encoder.reset()
         self.batches = self.backend.spec.initial_batch.astype(np.int64).copy()
@@ -258,6 +262,20 @@ class HeteroClusterEnv(gym.Env):
     def per_worker_observations(self) -> np.ndarray:
         """(N, Fw + Fg): the current observation as one row per worker (shared-policy form)."""
         return ObservationEncoder.per_worker(self._worker_obs, self._global_obs)
+
+    def set_backend(self, backend: Backend) -> None:
+        """Swap the backend between episodes (same number of workers; delta or continuous mode)."""
+        if backend.spec.num_workers != self.num_workers:
+            raise ValueError(
+                f"the new backend has {backend.spec.num_workers} workers, this env has {self.num_workers}"
+            )
+        if self.action_mode == "absolute":
+            raise ValueError("set_backend would change the absolute-mode action space; build a new env")
+        self.backend.close()
+        self.backend = backend
+        self.spec_backend = backend.spec
+        self.time_budget_s = backend.spec.time_budget_s
+        self.encoder = ObservationEncoder(backend.spec, window=self.encoder.window)
 
     def _info(self, report: IntervalReport, clipped: list, terms: dict[str, float]) -> dict[str, Any]:
         return {

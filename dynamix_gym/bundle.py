@@ -1,0 +1,206 @@
+"""Policy bundles: a trained PPO policy with everything needed to drive a cluster safely.
+
+A bundle is a directory::
+
+    bundle.json          schema version + feature names, action set, observation form,
+                         training config and metadata
+    model.zip            the Stable-Baselines3 PPO model
+    obs_norm.npz         observation normalisation statistics (VecNormalize's running mean / var)
+
+Loading a bundle yields a controller that evaluation and deployment use like any baseline. A
+bundle whose observation schema or action set differs from the env's is refused with a clear
+error: a policy must never be fed features it was not trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dynamix_gym.backend import BackendSpec
+from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.schema import OBS_SCHEMA, SCHEMA_VERSION, split_centralised
+
+BUNDLE_FORMAT = 1
+OBS_FORMS = ("per_worker", "centralised")
+
+
+class BundleMismatchError(ValueError):
+    """The bundle was trained for a different observation schema, action set or cluster size."""
+
+
+@dataclass
+class BundleMeta:
+    obs_form: str  # "per_worker" or "centralised"
+    action_set: list[int]
+    num_workers: int | None = None  # centralised bundles only: the cluster size they drive
+    schema_version: str = SCHEMA_VERSION
+    feature_names: list[str] = field(default_factory=OBS_SCHEMA.per_worker_names)
+    bundle_format: int = BUNDLE_FORMAT
+    config: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.obs_form not in OBS_FORMS:
+            raise ValueError(f"obs_form must be one of {OBS_FORMS}, got {self.obs_form!r}")
+        if self.obs_form == "centralised" and not self.num_workers:
+            raise ValueError("a centralised bundle must record num_workers")
+
+
+@dataclass
+class ObsNorm:
+    """VecNormalize's observation statistics: obs' = clip((obs - mean) / sqrt(var + eps), +-clip)."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    clip: float = 10.0
+    epsilon: float = 1e-8
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        out = (obs - self.mean) / np.sqrt(self.var + self.epsilon)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    @classmethod
+    def from_vecnormalize(cls, venv) -> ObsNorm:
+        return cls(
+            np.asarray(venv.obs_rms.mean, dtype=np.float64).copy(),
+            np.asarray(venv.obs_rms.var, dtype=np.float64).copy(),
+            float(venv.clip_obs),
+            float(venv.epsilon),
+        )
+
+
+def save_bundle(path: str | Path, model, meta: BundleMeta, obs_norm: ObsNorm | None) -> Path:
+    """Write a bundle directory atomically: built in a temporary sibling, then renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save(tmp / "model.zip")
+        if obs_norm is not None:
+            np.savez(
+                tmp / "obs_norm.npz",
+                mean=obs_norm.mean,
+                var=obs_norm.var,
+                clip=obs_norm.clip,
+                epsilon=obs_norm.epsilon,
+            )
+        (tmp / "bundle.json").write_text(
+            json.dumps(meta.__dict__, indent=2, sort_keys=True, default=_jsonable) + "\n"
+        )
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+@dataclass
+class PolicyBundle:
+    path: Path
+    meta: BundleMeta
+    model: Any  # stable_baselines3.PPO
+    obs_norm: ObsNorm | None
+
+
+def load_bundle(path: str | Path, device: str = "cpu") -> PolicyBundle:
+    """Load a bundle directory (or a ``policy.zip`` inside one); clear errors for what is missing."""
+    from stable_baselines3 import PPO
+
+    path = Path(path)
+    if path.is_file() and path.suffix == ".zip":
+        path = path.parent
+    meta_file = path / "bundle.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{path} is not a policy bundle: {meta_file.name} is missing")
+    raw = json.loads(meta_file.read_text())
+    if raw.get("bundle_format") != BUNDLE_FORMAT:
+        raise BundleMismatchError(
+            f"{path}: bundle format {raw.get('bundle_format')!r}, this version reads format {BUNDLE_FORMAT}"
+        )
+    meta = BundleMeta(**raw)
+    if meta.schema_version != SCHEMA_VERSION or meta.feature_names != OBS_SCHEMA.per_worker_names():
+        raise BundleMismatchError(
+            f"{path} was trained on observation schema {meta.schema_version!r} "
+            f"({len(meta.feature_names)} per-worker features); this env uses schema {SCHEMA_VERSION!r} "
+            f"({OBS_SCHEMA.per_worker_dim} features). Retrain or fine-tune the policy for this schema."
+        )
+    model = PPO.load(path / "model.zip", device=device)
+    norm = None
+    if (path / "obs_norm.npz").is_file():
+        z = np.load(path / "obs_norm.npz")
+        norm = ObsNorm(z["mean"], z["var"], float(z["clip"]), float(z["epsilon"]))
+    return PolicyBundle(path, meta, model, norm)
+
+
+class PPOController(BaseController):
+    """A trained PPO bundle as a controller (``delta`` actions).
+
+    Args:
+        path: bundle directory (or its ``model.zip``).
+        bundle: an already loaded bundle (instead of ``path``).
+        deterministic: take the most likely action (default) rather than sampling.
+    """
+
+    name: ClassVar[str] = "ppo"
+    action_mode: ClassVar[str] = "delta"
+    uses_truth: ClassVar[bool] = False
+
+    def __init__(
+        self, path: str | Path | None = None, bundle: PolicyBundle | None = None, deterministic: bool = True
+    ):
+        if bundle is None:
+            if path is None:
+                raise ValueError("PPOController needs a bundle path (controller.path=<bundle dir>)")
+            bundle = load_bundle(path)
+        self.bundle = bundle
+        self.deterministic = deterministic
+        self.action_set = list(bundle.meta.action_set)
+
+    def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
+        super().reset(spec, rng)
+        meta = self.bundle.meta
+        if meta.obs_form == "centralised" and meta.num_workers != spec.num_workers:
+            raise BundleMismatchError(
+                f"{self.bundle.path} is a centralised policy for {meta.num_workers} workers; this cluster "
+                f"has {spec.num_workers}. Use a per-worker bundle to drive other cluster sizes."
+            )
+
+    def check_env(self, env) -> None:
+        """Refuse an env whose action set differs from the one the policy was trained with."""
+        env_set = [int(a) for a in env.action_set]
+        if env_set != self.action_set:
+            raise BundleMismatchError(
+                f"{self.bundle.path} was trained with batch deltas {self.action_set}; the env uses {env_set}"
+            )
+
+    def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool | None = None):
+        det = self.deterministic if deterministic is None else deterministic
+        obs = np.asarray(observation, dtype=np.float32)
+        if self.bundle.meta.obs_form == "per_worker":
+            obs = split_centralised(obs, self.spec.num_workers)
+        if self.bundle.obs_norm is not None:
+            obs = self.bundle.obs_norm(obs)
+        action, _ = self.bundle.model.predict(obs, deterministic=det)
+        return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None

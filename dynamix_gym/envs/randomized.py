@@ -1,0 +1,98 @@
+"""RandomizedClusterEnv: a new cluster mix, fault intensity and workload every episode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from dynamix_gym.backends.sim_backend import SimBackend
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from sim.cluster import mixed_cluster
+from sim.faults import get_scenario, scale_intensity
+from sim.validation import check_int, check_min_max, check_range
+
+
+@dataclass(frozen=True)
+class DomainRandomization:
+    """What changes from one training episode to the next (the worker count stays fixed per env).
+
+    Per episode: the T4 share of the cluster ~ U(t4_fraction) (the rest V100, with probability
+    ``third_type_probability`` some RTX2080Ti too), each worker's static speed ~ exp(N(0, speed_sd)),
+    a scenario family from ``scenarios`` with its fault rates scaled by ~ U(intensity), and a
+    workload from ``workloads``.
+    """
+
+    workers: int = 8
+    t4_fraction: tuple[float, float] = (0.25, 0.75)
+    third_type_probability: float = 0.2
+    speed_sd: float = 0.1
+    scenarios: tuple[str, ...] = ("static_hetero", "throttle", "jitter", "interference", "mixed")
+    intensity: tuple[float, float] = (0.5, 2.0)
+    workloads: tuple[str, ...] = ("cifar10",)
+
+    def __post_init__(self) -> None:
+        check_int("domain.workers", self.workers, 2, 4096)
+        for i, v in enumerate(self.t4_fraction):
+            check_range(f"domain.t4_fraction[{i}]", v, 0.0, 1.0)
+        check_min_max(
+            "domain.t4_fraction[0]", self.t4_fraction[0], "domain.t4_fraction[1]", self.t4_fraction[1]
+        )
+        check_range("domain.third_type_probability", self.third_type_probability, 0.0, 1.0)
+        check_range("domain.speed_sd", self.speed_sd, 0.0, 2.0)
+        check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
+        check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
+        if not self.scenarios or not self.workloads:
+            raise ValueError("domain.scenarios and domain.workloads must not be empty")
+        for name in self.scenarios:
+            get_scenario(name)
+
+    def sample(self, rng: np.random.Generator) -> dict[str, Any]:
+        n = self.workers
+        n_t4 = int(np.clip(round(n * rng.uniform(*self.t4_fraction)), 1, n - 1))
+        counts = {"T4": n_t4, "V100": n - n_t4}
+        if n - n_t4 >= 2 and rng.random() < self.third_type_probability:
+            k = int(rng.integers(1, n - n_t4))
+            counts = {"T4": n_t4, "V100": n - n_t4 - k, "RTX2080Ti": k}
+        cluster = mixed_cluster(counts)
+        family = self.scenarios[int(rng.integers(len(self.scenarios)))]
+        factor = float(rng.uniform(*self.intensity))
+        speed = tuple(float(x) for x in np.exp(self.speed_sd * rng.standard_normal(n)))
+        scenario = replace(scale_intensity(get_scenario(family), factor), worker_speed=speed)
+        workload = self.workloads[int(rng.integers(len(self.workloads)))]
+        return {"cluster": cluster, "scenario": scenario, "workload": workload}
+
+
+class RandomizedClusterEnv(HeteroClusterEnv):
+    """:class:`HeteroClusterEnv` (delta or continuous actions) whose simulated cluster, faults and
+    workload are redrawn from ``domain`` at every reset, from the env's own generator.
+
+    Args:
+        domain: a :class:`DomainRandomization` or a mapping of its fields.
+        sim_kwargs: passed to every :class:`SimBackend`.
+        **kwargs: as :class:`HeteroClusterEnv` (``reward``, ``interval``, ``action_mode`` ...).
+    """
+
+    def __init__(
+        self, domain: DomainRandomization | dict | None = None, sim_kwargs: dict | None = None, **kwargs
+    ):
+        if isinstance(domain, dict) or domain is None:
+            domain = DomainRandomization(**(domain or {}))
+        self.domain = domain
+        self._sim_kwargs = dict(sim_kwargs or {})
+        first = domain.sample(np.random.default_rng(0))
+        super().__init__(backend=SimBackend(**first, **self._sim_kwargs), **kwargs)
+        self.episode_config: dict[str, Any] = first
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super(HeteroClusterEnv, self).reset(seed=seed)
+        self.episode_config = self.domain.sample(self.np_random)
+        self.set_backend(SimBackend(**self.episode_config, **self._sim_kwargs))
+        obs, info = self._start_episode()
+        info["domain"] = {
+            "cluster": self.episode_config["cluster"].name,
+            "scenario": self.episode_config["scenario"].name,
+            "workload": self.episode_config["workload"],
+        }
+        return obs, info

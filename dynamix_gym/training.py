@@ -1,0 +1,335 @@
+"""PPO pretraining over simulated clusters: environments, callbacks, checkpoints and bundles.
+
+The Hydra entry point ``python -m experiments.train`` is a thin shell around :func:`train`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
+
+from dynamix_gym.bundle import BundleMeta, ObsNorm, PolicyBundle, PPOController, load_bundle, save_bundle
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.vec_env import PerWorkerVecEnv
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Everything :func:`train` needs (mirrors ``conf/train.yaml``)."""
+
+    run_dir: str
+    seed: int = 0
+    total_timesteps: int = 200_000
+    obs_form: str = "per_worker"  # or "centralised"
+    cluster_sizes: Sequence[int] = (4, 6, 8)  # one training cluster per entry
+    centralised_workers: int = 8
+    centralised_envs: int = 4
+    subprocess: bool = False
+    domain: dict[str, Any] = field(default_factory=dict)  # DomainRandomization fields (workers set per env)
+    env: dict[str, Any] = field(default_factory=dict)  # HeteroClusterEnv kwargs (reward, interval, ...)
+    ppo: dict[str, Any] = field(default_factory=dict)  # stable_baselines3.PPO kwargs
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    normalize_obs: bool = True
+    normalize_reward: bool = True
+    torch_threads: int = 1
+    checkpoint_every: int = 50_000  # timesteps
+    eval_every: int = 50_000  # timesteps
+    eval_scenarios: Sequence[str] = ("static_hetero", "throttle", "mixed")
+    eval_seeds: Sequence[int] = (1000, 1001)
+    eval_workers: int = 8
+    progress_bar: bool = True
+    resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
+    finetune_from: str | None = None  # start from this bundle instead of a fresh policy
+
+
+# --- environments -----------------------------------------------------------------------------------
+
+
+def _cluster_env_fn(domain: dict, env_kwargs: dict, workers: int) -> Callable[[], HeteroClusterEnv]:
+    def make() -> HeteroClusterEnv:
+        return RandomizedClusterEnv(
+            domain=DomainRandomization(**{**domain, "workers": workers}), **env_kwargs
+        )
+
+    return make
+
+
+def make_train_venv(cfg: TrainConfig) -> VecEnv:
+    """Randomised simulated clusters, per-worker (shared policy) or centralised, monitored."""
+    env_kwargs = {**cfg.env, "action_mode": "delta"}
+    if cfg.obs_form == "per_worker":
+        fns = [_cluster_env_fn(cfg.domain, env_kwargs, n) for n in cfg.cluster_sizes]
+        venv: VecEnv = PerWorkerVecEnv(fns, sizes=list(cfg.cluster_sizes), subprocess=cfg.subprocess)
+    elif cfg.obs_form == "centralised":
+        fns = [
+            _cluster_env_fn(cfg.domain, env_kwargs, cfg.centralised_workers)
+            for _ in range(cfg.centralised_envs)
+        ]
+        venv = SubprocVecEnv(fns, start_method="spawn") if cfg.subprocess else DummyVecEnv(fns)
+    else:
+        raise ValueError(f"obs_form must be 'per_worker' or 'centralised', got {cfg.obs_form!r}")
+    venv.seed(cfg.seed)
+    return VecMonitor(venv)
+
+
+# --- callbacks --------------------------------------------------------------------------------------
+
+
+class RewardTermsCallback(BaseCallback):
+    """Logs the mean of every reward term and the time-to-accuracy of finished episodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sums: dict[str, float] = {}
+        self._count = 0
+        self._tta: list[float] = []
+        self._reached = 0
+        self._ended = 0
+
+    def _on_step(self) -> bool:
+        infos = self.locals.get("infos", [])
+        dones = self.locals.get("dones")
+        for idx, info in enumerate(infos):
+            cinfo = info.get("cluster_info", info if "reward_terms" in info else None)
+            if cinfo is None:
+                continue
+            for k, v in cinfo.get("reward_terms", {}).items():
+                self._sums[k] = self._sums.get(k, 0.0) + float(v)
+            self._count += 1
+            if dones is not None and dones[idx]:
+                self._ended += 1
+                if "time_to_accuracy_s" in cinfo:
+                    self._reached += 1
+                    self._tta.append(cinfo["time_to_accuracy_s"])
+        return True
+
+    def _on_rollout_end(self) -> None:
+        for k, v in self._sums.items():
+            self.logger.record(f"reward_terms/{k}", v / max(self._count, 1))
+        if self._tta:
+            self.logger.record("train/time_to_accuracy_min", float(np.mean(self._tta)) / 60.0)
+        if self._ended:
+            self.logger.record("train/reached_target_fraction", self._reached / self._ended)
+        self._sums, self._count, self._tta, self._reached, self._ended = {}, 0, [], 0, 0
+
+
+def evaluate_policy_tta(
+    controller: PPOController, scenarios: Sequence[str], seeds: Sequence[int], workers: int, env_kwargs: dict
+) -> dict[str, float]:
+    """Mean time-to-accuracy (s) of ``controller`` per validation scenario (budget time if not reached)."""
+    out = {}
+    for scenario in scenarios:
+        times = []
+        for seed in seeds:
+            env = HeteroClusterEnv(workers=workers, scenario=scenario, action_mode="delta", **env_kwargs)
+            res = run_episode(env, controller, seed=seed, scenario=scenario)
+            s = res.summary
+            times.append(s["time_to_accuracy_s"] if s["reached_target"] else s["total_time_s"] * 2.0)
+        out[scenario] = float(np.mean(times))
+    return out
+
+
+class TTAEvalCallback(BaseCallback):
+    """Every ``eval_every`` steps: time-to-accuracy on validation scenarios; keeps the best bundle."""
+
+    def __init__(self, cfg: TrainConfig, meta_fn: Callable[[], BundleMeta], best_dir: Path) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.meta_fn = meta_fn
+        self.best_dir = best_dir
+        self.best = math.inf
+        self.history: list[dict[str, Any]] = []
+        self._next = cfg.eval_every
+
+    def _current_norm(self) -> ObsNorm | None:
+        venv = self.model.get_env()
+        return ObsNorm.from_vecnormalize(venv) if isinstance(venv, VecNormalize) and venv.norm_obs else None
+
+    def evaluate(self) -> float:
+        bundle = PolicyBundle(self.best_dir, self.meta_fn(), self.model, self._current_norm())
+        env_kwargs = {k: v for k, v in self.cfg.env.items() if k != "action_mode"}
+        tta = evaluate_policy_tta(
+            PPOController(bundle=bundle),
+            self.cfg.eval_scenarios,
+            self.cfg.eval_seeds,
+            self.cfg.eval_workers,
+            env_kwargs,
+        )
+        mean = float(np.mean(list(tta.values())))
+        for k, v in tta.items():
+            self.logger.record(f"eval/tta_min_{k}", v / 60.0)
+        self.logger.record("eval/tta_min_mean", mean / 60.0)
+        self.history.append({"timesteps": int(self.num_timesteps), "tta_s": tta, "mean_tta_s": mean})
+        if mean < self.best:
+            self.best = mean
+            meta = self.meta_fn()
+            meta.metadata["validation_tta_s"] = tta
+            meta.metadata["validation_timesteps"] = int(self.num_timesteps)
+            save_bundle(self.best_dir, self.model, meta, self._current_norm())
+            log.info(
+                "new best validation time-to-accuracy %.1f min at %d steps", mean / 60, self.num_timesteps
+            )
+        return mean
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self._next:
+            self._next += self.cfg.eval_every
+            self.evaluate()
+        return True
+
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+_CKPT = re.compile(r"rl_model_(\d+)_steps\.zip$")
+
+
+def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, Path | None] | None:
+    """The newest loadable checkpoint (model zip, VecNormalize pickle) in ``ckpt_dir``."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted(
+        ((int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _CKPT.search(p.name))), reverse=True
+    )
+    for steps, model_path in found:
+        norm = ckpt_dir / f"rl_model_vecnormalize_{steps}_steps.pkl"
+        try:  # a checkpoint cut short by a crash fails to open: fall back to the one before it
+            import zipfile
+
+            with zipfile.ZipFile(model_path) as z:
+                z.testzip()
+        except Exception:
+            log.warning("skipping unreadable checkpoint %s", model_path)
+            continue
+        return model_path, norm if norm.is_file() else None
+    return None
+
+
+# --- training ---------------------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (or resume, or fine-tune) a PPO policy; returns a summary with the best validation TTA."""
+    torch.set_num_threads(cfg.torch_threads)
+    run_dir = Path(cfg.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    best_dir = run_dir / "best"
+    final_dir = run_dir / "policy"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    venv = make_train_venv(cfg)
+    resume = latest_checkpoint(ckpt_dir) if cfg.resume else None
+    if resume is not None:
+        model_path, norm_path = resume
+        log.info("resuming from %s", model_path)
+        if norm_path is not None:
+            venv = VecNormalize.load(str(norm_path), venv)
+        elif cfg.normalize_obs or cfg.normalize_reward:
+            venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
+        model = PPO.load(model_path, env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
+        reset_timesteps = False
+    elif cfg.finetune_from:
+        base = load_bundle(cfg.finetune_from)
+        if cfg.normalize_obs or cfg.normalize_reward:
+            venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
+            if base.obs_norm is not None:  # start from the pretrained statistics
+                venv.obs_rms.mean, venv.obs_rms.var = base.obs_norm.mean.copy(), base.obs_norm.var.copy()
+                venv.obs_rms.count = 1e4
+        custom = {
+            k: v for k, v in cfg.ppo.items() if k in ("learning_rate", "ent_coef", "clip_range", "n_epochs")
+        }
+        model = PPO.load(
+            base.path / "model.zip",
+            env=venv,
+            device="cpu",
+            tensorboard_log=str(run_dir / "tb"),
+            custom_objects=custom,
+        )
+        model.set_random_seed(cfg.seed)
+        reset_timesteps = True
+    else:
+        if cfg.normalize_obs or cfg.normalize_reward:
+            venv = VecNormalize(
+                venv,
+                norm_obs=cfg.normalize_obs,
+                norm_reward=cfg.normalize_reward,
+                gamma=cfg.ppo.get("gamma", 0.99),
+            )
+        model = PPO(
+            "MlpPolicy",
+            venv,
+            seed=cfg.seed,
+            device="cpu",
+            tensorboard_log=str(run_dir / "tb"),
+            policy_kwargs=dict(cfg.policy_kwargs) or None,
+            **cfg.ppo,
+        )
+        reset_timesteps = True
+
+    action_set = list(venv.get_attr("action_set", [0])[0])
+
+    def meta_fn() -> BundleMeta:
+        return BundleMeta(
+            obs_form=cfg.obs_form,
+            action_set=[int(a) for a in action_set],
+            num_workers=cfg.centralised_workers if cfg.obs_form == "centralised" else None,
+            config=config_dict or {},
+            metadata={
+                "timesteps": int(model.num_timesteps),
+                "seed": cfg.seed,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            },
+        )
+
+    n_envs = venv.num_envs
+    eval_cb = TTAEvalCallback(cfg, meta_fn, best_dir)
+    callbacks = CallbackList(
+        [
+            RewardTermsCallback(),
+            CheckpointCallback(
+                save_freq=max(cfg.checkpoint_every // n_envs, 1),
+                save_path=str(ckpt_dir),
+                save_vecnormalize=True,
+            ),
+            eval_cb,
+        ]
+    )
+    remaining = cfg.total_timesteps - (model.num_timesteps if not reset_timesteps else 0)
+    t0 = time.perf_counter()
+    if remaining > 0:
+        model.learn(
+            total_timesteps=remaining,
+            callback=callbacks,
+            progress_bar=cfg.progress_bar,
+            reset_num_timesteps=reset_timesteps,
+            tb_log_name="ppo",
+        )
+    train_s = time.perf_counter() - t0
+    eval_cb.evaluate()  # the final policy competes for "best" too
+    norm = ObsNorm.from_vecnormalize(venv) if isinstance(venv, VecNormalize) and venv.norm_obs else None
+    meta = meta_fn()
+    meta.metadata["train_seconds"] = train_s
+    save_bundle(final_dir, model, meta, norm)
+    venv.close()
+    return {
+        "best_validation_tta_s": eval_cb.best,
+        "history": eval_cb.history,
+        "timesteps": int(model.num_timesteps),
+        "train_seconds": train_s,
+        "best_bundle": str(best_dir),
+        "final_bundle": str(final_dir),
+    }

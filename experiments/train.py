@@ -1,0 +1,58 @@
+"""Offline PPO pretraining on simulated clusters.
+
+    python -m experiments.train                       # defaults: conf/train.yaml
+    python -m experiments.train experiment=headline   # the headline preset
+    python -m experiments.train run_dir=<dir>         # resume an interrupted run from its last checkpoint
+
+Writes ``<run_dir>/best`` (the bundle with the best validation time-to-accuracy), ``<run_dir>/policy``
+(the final bundle), checkpoints and TensorBoard logs. Returns the best validation time-to-accuracy
+in minutes (the metric the Optuna sweeper minimises); a failed or non-finite run returns NaN so that
+a sweep records a failed trial and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import hydra
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from dynamix_gym.training import TrainConfig, train
+from experiments.common import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig) -> float:
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    fields = set(TrainConfig.__dataclass_fields__)
+    kwargs = {k: v for k, v in raw.items() if k in fields}
+    kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
+    if kwargs.get("finetune_from"):
+        kwargs["finetune_from"] = to_absolute_path(kwargs["finetune_from"])
+    result = train(TrainConfig(**kwargs), config_dict=raw)
+    out = Path(kwargs["run_dir"]) / "train_summary.json"
+    atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
+    best_min = result["best_validation_tta_s"] / 60.0
+    log.info("best validation time-to-accuracy: %.2f min (%s)", best_min, result["best_bundle"])
+    return best_min
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    try:
+        value = run(cfg)
+    except Exception:
+        if cfg.get("fail_soft", False):  # inside sweeps: record a failed trial, keep sweeping
+            log.exception("training run failed")
+            return math.nan
+        raise
+    return value if math.isfinite(value) else math.nan
+
+
+if __name__ == "__main__":
+    main()

@@ -115,6 +115,7 @@ def sweep_commands(run_dirs: Sequence[str | Path], sweep_dir: str | Path) -> lis
             log.warning("%s has no .hydra/overrides.yaml; its command is not in the table", run_dir)
             continue
         pairs = [str(o).partition("=")[::2] for o in yaml.safe_load(path.read_text()) or []]
+        pairs.sort(key=lambda kv: kv[0].lstrip("+~") != "experiment")  # the preset first, for the reader
         group = (_user_config_dirs(run_dir / ".hydra" / "hydra.yaml"), tuple(k for k, _ in pairs))
         grid = grids.setdefault(group, {k: [] for k, _ in pairs})
         for k, v in pairs:

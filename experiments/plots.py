@@ -157,8 +157,7 @@ def grouped_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(title="scenario", fontsize="small", ncols=min(len(scenarios), 5), loc="upper left")
-    ax.margins(y=0.15)
+    fig.legend(title="scenario", fontsize="small", ncols=min(len(scenarios), 6), loc="outside lower center")
     fig.savefig(path)
     return path
 

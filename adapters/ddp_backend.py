@@ -46,7 +46,6 @@ from adapters import checkpoint as ckpt
 from adapters.config import RealDDPConfig
 from adapters.faults import FaultEmulator
 from adapters.hostmetrics import HostSnapshot
-from adapters.lr import lr_gain
 from adapters.worker import worker_main
 from dynamix_gym.backend import BackendSpec, IntervalReport
 from dynamix_gym.stats import NoiseScaleEstimator
@@ -372,8 +371,12 @@ class DDPBackend:
         if not b_run.any():
             raise RuntimeError("every worker is lost: the scenario leaves no worker to train on")
         probe = bool(np.any(b_run > self._good))
-        gain = lr_gain(cfg.lr_rule, int(b_run.sum()), cfg.base_batch, self.noise.noise_scale)
-        lr = cfg.base_lr * gain
+        lr = {
+            "rule": cfg.lr_rule,
+            "base_lr": cfg.base_lr,
+            "base_batch": cfg.base_batch,
+            "noise_scale": self.noise.noise_scale,
+        }
         changed = self._last_batches is not None and bool(np.any(b != self._last_batches))
         common = {
             "batches": b_run.tolist(),

@@ -5,10 +5,13 @@ processes (:class:`sim.faults.FaultInjector`) run on a clock that follows the re
 (times ``time_scale``: with ``time_scale = 60`` an hour of fault activity plays out in a minute), and
 at the start of every interval the active faults become per-worker factors:
 
-    slowdown[i]     = s[i] / min_{j alive} s[j],  s[i] = emulated_gpu[i](b_i) * gpu_slowdown[i]
+    slowdown[i]     = emulated_gpu[i](b_i) * gpu_slowdown[i] / min_{j alive} gpu_slowdown[j]
                       # rank i sleeps (slowdown[i] - 1) x its measured compute each iteration
     gpu_slowdown[i] = prod(interference factors on i) / (worker_speed[i] * prod(throttle/slowdown factors))
-    emulated_gpu[i](b) = T_compute(type_i, b) / min_j T_compute(type_j, b)   # sim.hardware models
+    emulated_gpu[i](b) = T_compute(type_i, b) / min_types T_compute(type, b)   # sim.hardware models
+
+An emulated rank is as many times slower than the fastest emulated type *at its own batch* as the
+fitted compute models say (the host stands in for that fastest type).
 
 Network faults add the same delay to every rank after each all-reduce (one shared draw, so every
 rank waits equally):
@@ -124,12 +127,12 @@ class FaultEmulator:
         self.advance(wall_s)
         st, net = self.state, self.scenario.network
         slow = np.asarray(st.gpu_slowdown, dtype=np.float64).copy()
-        if self.gpu is not None:
-            slow *= self.gpu.slowdown(local_batches)
         alive = st.alive.copy()
         # Relative to the fastest live rank, which runs at native speed (sleeping cannot speed up).
         if alive.any():
             slow = slow / slow[alive].min()
+        if self.gpu is not None:
+            slow *= self.gpu.slowdown(local_batches)
         r = int(alive.sum())
         cv = net.bandwidth_cv
         jitter = np.exp(cv * self.rng.standard_normal(iterations) - 0.5 * cv**2)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import math
 
-from sim.convergence import LR_RULES
+#: The simulator's rules (``sim.convergence.LR_RULES``; a test keeps the two equal). Not imported from
+#: there: worker processes would pay for scipy's import at every start.
+LR_RULES = ("adascale", "linear", "sqrt", "none")
 
 
 def lr_gain(rule: str, global_batch: int, base_batch: int, noise_scale: float | None) -> float:

@@ -33,6 +33,7 @@ from adapters.config import RealDDPConfig
 from adapters.data import load_dataset
 from adapters.hooks import GradStats, grad_stats_hook
 from adapters.hostmetrics import ProcessMeter
+from adapters.lr import lr_gain
 from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
 
@@ -186,7 +187,7 @@ class Trainer:
         self,
         batches: list[int],
         iterations: int,
-        lr: float,
+        lr: dict,
         slowdown: float,
         net_delay_s: np.ndarray,
         probe: bool,
@@ -198,6 +199,8 @@ class Trainer:
         oom: list[int] = []
         if probe:
             b_all, oom = self._probe(b_all, np.asarray(good, dtype=np.int64))
+        # The learning rate follows the batches actually applied (after any out-of-memory step-back).
+        lr = lr["base_lr"] * lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
         for g in self.opt.param_groups:
             g["lr"] = lr
         setup_s = time.perf_counter() - t_setup

@@ -1,0 +1,239 @@
+"""Real multi-process DDP runs on CPU with gloo (2-3 ranks): the backend protocol end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adapters.data import load_dataset
+from adapters.ddp_backend import DDPBackend, WorkerFailure
+from adapters.faults import FaultEmulator
+from adapters.lr import lr_gain
+from adapters.models import build_model
+from adapters.sampling import GlobalBatchSchedule, rank_slice
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.schema import OBS_SCHEMA
+from sim.faults import Scenario
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKER_FEATURES = [f.name for f in OBS_SCHEMA.worker_features]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """One 2-rank backend shared by this module's tests (starting ranks is the slow part).
+
+    Tests that kill its workers leave it failed; the next ``reset`` starts new ones.
+    """
+    b = DDPBackend(
+        workers=2,
+        min_batch=4,
+        max_batch=128,
+        initial_batch=16,
+        memory_batch=(128, 48),  # rank 1 "runs out of memory" above 48
+        record_indices=True,
+        timeout_s=6,
+        target_accuracy=1.0,
+    )
+    yield b
+    b.close()
+
+
+class Borrowed:
+    """The shared backend behind an env whose close() must not stop it."""
+
+    def __init__(self, inner: DDPBackend) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+
+    def reset(self, seed=None, *, rng=None):
+        self.inner.reset(seed, rng=rng)
+
+    def run_interval(self, local_batches, iterations):
+        return self.inner.run_interval(local_batches, iterations)
+
+    def close(self):
+        pass
+
+
+def gone(pids: list[int]) -> bool:
+    """No process left (joined children no longer exist; a zombie would mean nobody reaped it)."""
+    for pid in pids:
+        try:
+            psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        return False
+    return True
+
+
+def test_uneven_batches_give_the_global_batch_mean_gradient():
+    batches = [5, 17, 40]
+    b = DDPBackend(workers=3, dataset="synthetic", model="cnn")
+    try:
+        b.reset(seed=0)
+        out = b.gradient(batches)
+    finally:
+        b.close()
+    ref = out[0]
+    # Every replica holds the same averaged gradient ...
+    for r in out[1:]:
+        np.testing.assert_array_equal(r["indices"], ref["indices"])
+        np.testing.assert_allclose(r["gradient"], ref["gradient"], rtol=0, atol=1e-7)
+    # ... equal to one process's gradient of the mean loss over the concatenated global batch.
+    data = load_dataset("synthetic")
+    model = build_model("cnn", data.input_shape, data.num_classes)
+    model.load_state_dict(ref["state"])
+    idx = torch.from_numpy(ref["indices"])
+    assert len(idx) == sum(batches)
+    F.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+    single = torch.cat([p.grad.flatten() for p in model.parameters()]).numpy()
+    np.testing.assert_allclose(ref["gradient"], single, rtol=1e-4, atol=1e-6)
+    # Averaging the ranks' local mean gradients instead (plain DDP) would not match.
+    local_means = []
+    for r in range(3):
+        model.zero_grad()
+        sl = idx[rank_slice(batches, r)]
+        F.cross_entropy(model(data.x_train[sl]), data.y_train[sl]).backward()
+        local_means.append(torch.cat([p.grad.flatten() for p in model.parameters()]).numpy())
+    assert not np.allclose(np.mean(local_means, axis=0), single, rtol=1e-2, atol=1e-4)
+
+
+def test_batch_changes_mid_run_and_out_of_memory_step_back(backend):
+    backend.config = replace(backend.config, lr_rule="linear")  # a coordinator-side setting
+    env = HeteroClusterEnv(backend=Borrowed(backend), interval=4, action_mode="absolute")
+    try:
+        env.reset(seed=3)
+        schedule = GlobalBatchSchedule(backend.train_size, backend.run_seed)
+        for _ in range(4):  # replay the warm-up interval at (16, 16)
+            schedule.next_global(32)
+        plan = [[16, 16], [40, 8], [40, 8], [9, 33], [64, 64], [64, 40]]
+        for k, target in enumerate(plan):
+            obs, reward, term, trunc, info = env.step(np.array(target, dtype=np.float32))
+            report = info["report"]
+            replies = backend.last_replies
+            applied = [64, 33] if target == [64, 64] else target  # rank 1 steps back to its last good 33
+            assert report.local_batch.tolist() == applied, k
+            assert report.global_batch == sum(applied)
+            assert report.samples == 4 * sum(applied)
+            assert replies[0]["lr"] == pytest.approx(0.05 * sum(applied) / 32)  # linear rule, applied batch
+            if target == [64, 64]:
+                assert any("out of memory on worker 1" in e for e in report.events)
+            # The ranks took disjoint slices that together are exactly the shared global batches.
+            for it in range(4):
+                idx = schedule.next_global(sum(applied))
+                for r in range(2):
+                    np.testing.assert_array_equal(replies[r]["indices"][it], idx[rank_slice(applied, r)])
+            assert obs.shape == env.observation_space.shape
+        assert report.val_accuracy > 0.5
+        params = backend.parameters()
+        np.testing.assert_array_equal(params[0], params[1])  # the replicas never diverged
+    finally:
+        backend.config = replace(backend.config, lr_rule="adascale")
+
+
+def test_adascale_learning_rate_follows_the_noise_scale_estimate(backend):
+    backend.reset(seed=0)
+    backend.run_interval(np.array([16, 48]), 5)
+    assert backend.last_replies[0]["lr"] == pytest.approx(0.05)  # no estimate yet: base lr
+    noise = backend.noise.noise_scale
+    assert noise is not None and noise > 0
+    backend.run_interval(np.array([64, 40]), 5)
+    assert backend.last_replies[0]["lr"] == pytest.approx(0.05 * lr_gain("adascale", 104, 32, noise))
+
+
+def test_injected_slowdown_is_visible_in_reports_and_observations(backend):
+    scenario = Scenario(name="one_slow", worker_speed=(1.0, 0.25))  # worker 1 is 4x slower
+    saved = backend.faults
+    backend.faults = FaultEmulator(scenario, 2, backend.spec.gpu_types)
+    env = HeteroClusterEnv(backend=Borrowed(backend), interval=20)
+    try:
+        obs, info = env.reset(seed=0)
+        obs, *_, info = env.step(np.array([2, 2]))
+    finally:
+        backend.faults = saved
+    r = info["report"]
+    ratio = r.compute_time_s[1] / r.compute_time_s[0]
+    assert 2.5 < ratio < 6.0, r.compute_time_s
+    assert r.idle_time_s[0] > 0.5 * (r.compute_time_s[1] - r.compute_time_s[0])
+    assert r.idle_time_s[1] < r.idle_time_s[0]
+    w = obs[: 2 * len(WORKER_FEATURES)].reshape(2, -1)
+    share, idle = WORKER_FEATURES.index("compute_share"), WORKER_FEATURES.index("idle_fraction")
+    assert w[0, share] < w[1, share]  # the fast worker's compute is a small share of the slowest's
+    assert w[0, idle] > w[1, idle]  # and it idles at the barrier
+
+
+def test_killed_worker_raises_a_clear_error_and_leaves_no_orphans(backend):
+    backend.reset(seed=0)
+    pids = backend.worker_pids
+    threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure, match=r"rank 1 .*killed by SIGKILL") as err:
+        for _ in range(200):  # ~0.1 s per interval: the kill lands mid-interval
+            backend.run_interval(np.array([32, 32]), 20)
+    assert err.value.rank == 1
+    assert time.monotonic() - t0 < 1.0 + 5.0
+    assert gone(pids)
+    backend.close()  # safe after a failure
+
+
+def test_hung_worker_is_named_within_the_collective_timeout(backend):
+    backend.reset(seed=0)  # new workers after the previous test's failure
+    pids = backend.worker_pids
+    backend.run_interval(np.array([32, 32]), 5)
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WorkerFailure, match=r"rank 1 .*stopped responding") as err:
+            backend.run_interval(np.array([32, 32]), 5)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    elapsed = time.monotonic() - t0
+    assert err.value.rank == 1
+    assert elapsed <= backend.config.timeout_s + 1.0, elapsed
+    assert gone(pids)
+
+
+def test_resume_from_checkpoint_continues_the_same_run(backend, tmp_path):
+    a = backend
+    a.config = replace(a.config, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    a.extra_state["controller"] = lambda: {"calls": 7}
+    batches = [np.array([16, 24]), np.array([16, 24]), np.array([40, 8])]
+    try:
+        a.reset(seed=5)
+        for b in batches:
+            a.run_interval(b, 6)
+        expected = a.parameters()[0]
+        wall_at_crash = a.wall_time_s()
+        for pid in a.worker_pids:  # crash: every worker dies after interval 3 (checkpoint at 2)
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        a.config = replace(a.config, checkpoint_dir=None, checkpoint_every=0)
+        a.extra_state.clear()
+
+    b_ = DDPBackend(replace(a.config, checkpoint_dir=str(tmp_path), resume=True))
+    assert b_.spec.initial_batch.tolist() == [16, 24]  # the checkpoint's batches
+    try:
+        b_.reset(seed=123)  # ignored: the run's own seed comes from the checkpoint
+        assert b_.resumed_interval == 2
+        assert b_.restored_extra == {"controller": {"calls": 7}}
+        report = b_.run_interval(batches[2], 6)  # redo interval 3
+        np.testing.assert_allclose(b_.parameters()[0], expected, rtol=0, atol=1e-6)
+        assert report.wall_time_s < wall_at_crash + report.interval_time_s + 5.0
+        assert report.epoch == pytest.approx((2 * 6 * 40 + 6 * 48) / b_.train_size)
+    finally:
+        b_.close()

@@ -1,6 +1,7 @@
 """Fit the simulator's compute and communication models from measured step times.
 
     python -m experiments.fit_hardware [profile=TABLE.csv] [out_dir=DIR] [report_dir=DIR]
+        [host_floor_pairs=[V100/cifar10,V100/ncf]]
 
 Writes ``compute_models.json`` and ``comm_models.json`` (default: the package's ``sim/data``) and
 ``hardware_fit.md`` / ``hardware_fit.json`` (default: ``results/fit``). The work is in
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
+import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
@@ -30,6 +33,10 @@ from sim.fitting import (
     COMM_EQUATION,
     COMPUTE_EQUATION,
     EXPONENT_RULE,
+    HOST_FLOOR_PAIRS,
+    HOST_FLOOR_RULE,
+    MIN_ONE_GPU_BATCHES,
+    SOURCE_PLACEMENT_MEDIAN,
     fit_all,
     read_profile_table,
 )
@@ -42,11 +49,19 @@ COMMAND = "python -m experiments.fit_hardware"
 REPORT_MD = "hardware_fit.md"
 REPORT_JSON = "hardware_fit.json"
 REPO_ROOT = Path(sim.__file__).resolve().parent.parent
-#: A pair is flagged in the report when its median-over-placements compute time differs from its
-#: one-GPU step time by more than SINGLE_GPU_FLAG (median over batches) or by more than
+#: A pair is flagged in the report when its median over placements of step - sync differs from
+#: its one-GPU step time by more than SINGLE_GPU_FLAG (median over batches) or by more than
 #: SINGLE_GPU_FLAG_ANY at any one batch.
 SINGLE_GPU_FLAG = 0.10
 SINGLE_GPU_FLAG_ANY = 0.20
+#: Data caveats: a one-GPU step time that falls by more than this as the batch grows is listed.
+NON_MONOTONIC_DROP = 0.05
+#: Data caveats: a multi-GPU placement whose step time changes by more than this factor between
+#: two consecutive batches is counted as jumping.
+JUMP_FACTOR = 1.2
+#: Data caveats named in the report when the table has them (computed from the table, see
+#: :func:`data_caveats`): a regime change between two consecutive batches of the multi-GPU rows.
+KNOWN_JUMPS: tuple[tuple[str, str, int, int], ...] = (("V100", "ncf", 2901, 4103),)
 
 
 def single_gpu_flagged(check: dict[str, Any]) -> bool:
@@ -106,7 +121,11 @@ def per_batch(errors: dict[int, float]) -> list[list[float]]:
 def compute_entry(p: ComputeParams, diag: dict[str, Any]) -> dict[str, Any]:
     entry = {k: v for k, v in asdict(p).items()}
     entry.update(
+        compute_source=diag["compute_source"],
+        compute_fallback=diag["compute_fallback"],
+        alpha_held_zero=diag["alpha_held_zero"],
         n_batches=diag["n_batches"],
+        n_batches_measured=diag["n_batches_measured"],
         n_rows=diag["n_rows"],
         n_placements=diag["n_placements"],
         min_measured_batch=diag["min_measured_batch"],
@@ -141,8 +160,132 @@ def pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}"
 
 
+def _one_gpu(table: pd.DataFrame, gpu: str, app: str) -> pd.Series:
+    """Median one-GPU step time per local batch of (gpu, app) (empty if none)."""
+    one = table[(table["gpu"] == gpu) & (table["app"] == app) & (table["num_gpus"] == 1)]
+    return one.groupby("local_batch")["step_time_s"].median().sort_index()
+
+
+def data_caveats(
+    table: pd.DataFrame, pairs: list[dict[str, Any]], host_floor_pairs: list[tuple[str, str]]
+) -> list[str]:
+    """Caveats of the measured table that bear on the fit, each a sentence with figures from it."""
+    out: list[str] = []
+    by_pair = {(r["gpu"], r["app"]): r for r in pairs}
+
+    # 1. A per-step host floor, and where the multi-GPU rows book it.
+    for gpu, app in host_floor_pairs:
+        r = by_pair.get((gpu, app))
+        one = _one_gpu(table, gpu, app)
+        if r is None or one.empty:
+            continue
+        b0 = int(one.index[0])
+        others = []
+        for other in sorted(set(table["gpu"]) - {gpu}):
+            o = _one_gpu(table, other, app)
+            if b0 in o.index:
+                others.append(f"{other} {o.loc[b0]:.4f} s")
+        slower = ""
+        if "T4" in set(table["gpu"]) and gpu != "T4":
+            t4 = _one_gpu(table, "T4", app)
+            common = one.index.intersection(t4.index)
+            if len(common):
+                slow = [int(b) for b in common if one.loc[b] > t4.loc[b]]
+                if slow:
+                    slower = (
+                        f"; slower than T4 at {len(slow)} of {len(common)} common batches "
+                        f"({min(slow)} to {max(slow)})"
+                    )
+        sc, c, m = r["single_gpu_check"], r["compute"], r.get("comm") or {}
+        held = " (alpha_s held at 0)" if r["alpha_held_zero"] else ""
+        comm = (
+            f"; the comm model fitted with it held fixed has alpha_intra_s {m['alpha_intra_s']:.3g} s"
+            if m
+            else ""
+        )
+        out.append(
+            f"Host floor, {gpu}/{app}: one-GPU step {one.iloc[0]:.4f} s at local batch {b0}"
+            + (f" ({', '.join(others)})" if others else "")
+            + f", {one.iloc[len(one) // 2]:.4f} s at {int(one.index[len(one) // 2])}{slower}. In the "
+            f"multi-GPU rows step - sync is down to {sc['min_ratio']:.2f} x the one-GPU step "
+            f"(median {sc['median_ratio']:.2f}): the floor is counted in sync_time_s there, so it is "
+            f"fitted from the one-GPU rows as host_s = {c['host_s']:.4f} s{held}{comm}."
+        )
+
+    # 2. Regime changes between two batches seen in the multi-GPU rows only.
+    for gpu, app, b1, b2 in KNOWN_JUMPS:
+        p = table[(table["gpu"] == gpu) & (table["app"] == app)]
+        if p.empty or "placement" not in p:
+            continue
+        piv = p.pivot_table(index="local_batch", columns="placement", values="step_time_s")
+        if b1 not in piv.index or b2 not in piv.index:
+            continue
+        multi = [pl for pl in piv.columns if sum(int(ch) for ch in pl) > 1]
+        ratio = (piv.loc[b2, multi] / piv.loc[b1, multi]).dropna()
+        one = _one_gpu(table, gpu, app)
+        up, down = ratio[ratio > JUMP_FACTOR], ratio[ratio < 1.0 / JUMP_FACTOR]
+        if ratio.empty or b1 not in one.index or b2 not in one.index:
+            continue
+
+        picks = ([str(up.idxmax())] if len(up) else []) + ([str(down.idxmin())] if len(down) else [])
+        examples = ", ".join(f"{pl}: {piv.loc[b1, pl]:.3f} -> {piv.loc[b2, pl]:.3f} s" for pl in picks)
+        out.append(
+            f"Jump, {gpu}/{app} between local batch {b1} and {b2}: the one-GPU step changes by "
+            f"x{one.loc[b2] / one.loc[b1]:.3f}, the multi-GPU steps by x{float(np.median(ratio)):.3f} "
+            f"(median of {len(ratio)} placements); {len(up)} rise and {len(down)} fall by more than "
+            f"x{JUMP_FACTOR:g}" + (f" ({examples})" if examples else "") + ". The compute model, fitted "
+            "to the one-GPU steps, does not see it; the comm model averages over it."
+        )
+
+    # 3. Inter-node start-up cost larger than a whole one-GPU step.
+    for r in pairs:
+        m = r.get("comm")
+        one = _one_gpu(table, r["gpu"], r["app"])
+        if not m or one.empty or m["alpha_inter_s"] <= one.max() or r["comm_notes"]:
+            continue
+        p = table[(table["gpu"] == r["gpu"]) & (table["app"] == r["app"])]
+        b0 = int(one.index[0])
+        at_b0 = p[p["local_batch"] == b0]
+        intra = at_b0[(at_b0["num_nodes"] == 1) & (at_b0["num_gpus"] > 1)]["step_time_s"]
+        inter = at_b0[at_b0["num_nodes"] > 1]["step_time_s"]
+        measured = (
+            f"; measured at local batch {b0}: one GPU {one.iloc[0]:.3f} s, one node (median) "
+            f"{intra.median():.3f} s, several nodes (median) {inter.median():.3f} s"
+            if len(intra) and len(inter)
+            else ""
+        )
+        out.append(
+            f"Inter-node cost, {r['gpu']}/{r['app']}: fitted alpha_inter_s = {m['alpha_inter_s']:.3f} s "
+            f"(alpha_intra_s {m['alpha_intra_s']:.3f} s), more than the slowest one-GPU step "
+            f"({one.max():.3f} s){measured}: the measured multi-node steps are that slow, it is not "
+            "a fit artefact."
+        )
+
+    # 4. Parameters copied for lack of rows.
+    for r in pairs:
+        for note in r["comm_notes"]:
+            out.append(f"Copied parameters, {r['gpu']}/{r['app']}: {note} (the data has no such rows).")
+
+    # 5. One-GPU step times that fall as the batch grows.
+    for r in pairs:
+        one = _one_gpu(table, r["gpu"], r["app"])
+        drops = [
+            f"{int(b1)} -> {int(b2)}: {one.loc[b1]:.4g} -> {one.loc[b2]:.4g} s"
+            for b1, b2 in zip(one.index[:-1], one.index[1:], strict=True)
+            if one.loc[b2] < (1.0 - NON_MONOTONIC_DROP) * one.loc[b1]
+        ]
+        if drops:
+            out.append(
+                f"Non-monotonic, {r['gpu']}/{r['app']}: the one-GPU step time falls by more than "
+                f"{pct(NON_MONOTONIC_DROP, 0)} % as the batch grows ({'; '.join(drops)}); the "
+                "compute model, monotone in the batch, cannot follow these drops."
+            )
+    return out
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """The human-readable report; every figure comes from ``summary`` (= hardware_fit.json)."""
+    floor_pairs = ", ".join(f"{g}/{a}" for g, a in summary["host_floor_pairs"]) or "none"
     lines = [
         "# Hardware model fit",
         "",
@@ -151,14 +294,24 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         f"- Compute: `{summary['compute_equation']}`.",
         "  Fitted with `scipy.optimize.least_squares` on log residuals, soft_l1 loss, bounded "
-        f"parameters, fixed initial guesses; {summary['exponent_rule']}.",
-        f"- Communication: `{summary['comm_equation']}`.",
-        "- LOO MdAPE: leave-one-batch-size-out median absolute percentage error of the compute "
-        "model (fit on all other batch sizes, predict the held-out one). The exponent mode was "
-        "chosen by this same figure, so it is slightly optimistic where the free exponent won.",
-        "- In-sample MAPE: compute model vs the per-batch median compute times. Comm MAPE: "
-        "predicted vs measured step time over all multi-GPU rows. Exposed MdAPE: predicted "
-        "exposed comm (step - T_compute) vs measured `sync_time_s`, median over the same rows.",
+        f"parameters, fixed initial guesses; {summary['exponent_rule']}; {summary['host_floor_rule']}"
+        f" ({floor_pairs}).",
+        "  The target is the one-GPU `step_time_s` as measured (its 0.3-14 ms `sync_time_s` is not "
+        "subtracted): a one-replica job has no all-reduce in the simulator, so its iteration time "
+        "is `T_compute`. A pair with fewer than "
+        f"{summary['min_one_gpu_batches']} one-GPU batch sizes falls back to the median over "
+        "placements of `step_time_s - sync_time_s` and is flagged.",
+        f"- Communication: `{summary['comm_equation']}`; the pair's compute model held fixed.",
+        "- LOO MdAPE: leave-one-batch-size-out median absolute percentage error of the fitted step "
+        "time of a one-GPU job (fit on all other batch sizes, predict the held-out one). The "
+        "exponent mode was chosen by this same figure, so it is slightly optimistic where the free "
+        "exponent won.",
+        "- In-sample MAPE: compute model vs the compute times it was fitted to. 1-GPU step MAPE: vs "
+        "every one-GPU row (the same figure unless a pair fell back). Comm MAPE: predicted vs "
+        "measured step time over all multi-GPU rows. Exposed MdAPE: predicted exposed comm "
+        "(step - T_compute) vs measured `sync_time_s`, median over the same rows; it is large where "
+        "the multi-GPU rows count in `sync_time_s` time that the one-GPU step also contains (see "
+        "the check below), and where the comm is mostly hidden.",
         "",
         f"Target: LOO MdAPE <= {pct(summary['target']['loo_mdape'], 0)} % for "
         f"{', '.join(summary['target']['gpus'])} on every app: "
@@ -168,17 +321,23 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         "## Fit quality",
         "",
-        "| gpu | app | batches | exponent | LOO MdAPE % | in-sample MAPE % | comm MAPE % "
-        "| exposed MdAPE % | 1-GPU step MAPE % |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| gpu | app | compute from | batches | exponent | LOO MdAPE % | in-sample MAPE % "
+        "| 1-GPU step MAPE % | comm MAPE % | exposed MdAPE % |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in summary["pairs"]:
+        source = "**fallback**" if r["compute_fallback"] else "1-GPU"
+        exponent = r["exponent_mode"] + (", alpha=0" if r["alpha_held_zero"] else "")
         lines.append(
-            f"| {r['gpu']} | {r['app']} | {r['n_batches']} | {r['exponent_mode']} "
-            f"| {pct(r['loo_mdape'])} | {pct(r['fit_mape'])} | {pct(r['comm_fit_mape'])} "
-            f"| {pct(r['comm_exposed_mdape'])} | {pct(r['single_gpu_step_mape'])} |"
+            f"| {r['gpu']} | {r['app']} | {source} | {r['n_batches']} | {exponent} "
+            f"| {pct(r['loo_mdape'])} | {pct(r['fit_mape'])} | {pct(r['single_gpu_step_mape'])} "
+            f"| {pct(r['comm_fit_mape'])} | {pct(r['comm_exposed_mdape'])} |"
         )
+    fallback = [f"{r['gpu']}/{r['app']}" for r in summary["pairs"] if r["compute_fallback"]]
     lines += [
+        "",
+        "Fallback pairs (compute fitted to the median over placements of step - sync, no one-GPU "
+        "rows to fit): " + (", ".join(fallback) if fallback else "none") + ".",
         "",
         "## Fitted parameters",
         "",
@@ -201,17 +360,22 @@ def render_markdown(summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "## Check: median-over-placements compute time vs one-GPU step time",
+        "## Check: median over placements of step - sync vs one-GPU step time",
         "",
-        "Compute time per batch is the median over all placements of `step_time_s - sync_time_s`. "
-        "For a one-GPU job `sync_time_s` is ~0, so its step time should match. Ratio = median "
-        "compute / one-GPU step time, over the batches that have a one-GPU row.",
+        "If `sync_time_s` were only the all-reduce, `step_time_s - sync_time_s` of a multi-GPU row "
+        "would match the one-GPU step time. Ratio = median over all placements of step - sync / "
+        "one-GPU step time, over the batches that have a one-GPU row. A ratio well below 1 means "
+        "the multi-GPU rows count part of the per-step work (e.g. a host floor) in `sync_time_s`; "
+        "that is why the compute model is fitted to the one-GPU rows.",
         "",
         "| gpu | app | batches | median ratio | min ratio | max ratio | flagged |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in summary["pairs"]:
         s = r["single_gpu_check"]
+        if s["n_batches"] == 0:
+            lines.append(f"| {r['gpu']} | {r['app']} | 0 | n/a | n/a | n/a | no one-GPU rows |")
+            continue
         lines.append(
             f"| {r['gpu']} | {r['app']} | {s['n_batches']} | {s['median_ratio']:.3f} "
             f"| {s['min_ratio']:.3f} | {s['max_ratio']:.3f} "
@@ -223,14 +387,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Flagged (median ratio off by more than {pct(SINGLE_GPU_FLAG, 0)} %, or one batch off by "
         f"more than {pct(SINGLE_GPU_FLAG_ANY, 0)} %): "
         + (", ".join(flagged) if flagged else "none")
-        + ". A flagged pair's compute model follows the multi-GPU placements, whose step - sync "
-        "differs from the one-GPU step; how far it misses one-GPU jobs is the last column "
-        "(1-GPU step MAPE) of the first table.",
+        + ". For a fallback pair this difference is an error of its compute model.",
+        "",
+        "## Data caveats",
+        "",
+        *(f"- {c}" for c in summary["data_caveats"]),
         "",
     ]
-    notes = [f"- {r['gpu']}/{r['app']}: {n}" for r in summary["pairs"] for n in r["comm_notes"]]
-    if notes:
-        lines += ["## Notes", "", *notes, ""]
     return "\n".join(lines)
 
 
@@ -240,6 +403,7 @@ def fit_hardware(
     report_dir: Path,
     target_loo_mdape: float = 0.10,
     target_gpus: tuple[str, ...] = ("T4", "V100"),
+    host_floor_pairs: tuple[tuple[str, str], ...] = HOST_FLOOR_PAIRS,
 ) -> dict[str, Any]:
     """Fit every (gpu, app) pair of ``profile``; write the model files and the report.
 
@@ -247,7 +411,7 @@ def fit_hardware(
         The report summary (the content of ``hardware_fit.json``).
     """
     table = read_profile_table(profile)
-    computes, comms, diagnostics = fit_all(table)
+    computes, comms, diagnostics = fit_all(table, host_floor_pairs)
     comm_by_pair = {(c.gpu, c.app): c for c in comms}
     source = describe_source(profile)
 
@@ -256,6 +420,9 @@ def fit_hardware(
         "source": source,
         "equation": COMPUTE_EQUATION,
         "exponent_rule": EXPONENT_RULE,
+        "host_floor_rule": HOST_FLOOR_RULE,
+        "host_floor_pairs": [list(p) for p in host_floor_pairs],
+        "fallback_source": SOURCE_PLACEMENT_MEDIAN,
         "models": [compute_entry(p, diagnostics[(p.gpu, p.app)]) for p in computes],
     }
     comm_doc = {
@@ -274,6 +441,9 @@ def fit_hardware(
             {
                 "gpu": p.gpu,
                 "app": p.app,
+                "compute_source": d["compute_source"],
+                "compute_fallback": d["compute_fallback"],
+                "alpha_held_zero": d["alpha_held_zero"],
                 "n_batches": d["n_batches"],
                 "exponent_mode": d["exponent_mode"],
                 "loo_mdape": p.loo_mdape,
@@ -315,6 +485,9 @@ def fit_hardware(
         "compute_equation": COMPUTE_EQUATION,
         "comm_equation": COMM_EQUATION,
         "exponent_rule": EXPONENT_RULE,
+        "host_floor_rule": HOST_FLOOR_RULE,
+        "host_floor_pairs": [list(p) for p in host_floor_pairs],
+        "min_one_gpu_batches": MIN_ONE_GPU_BATCHES,
         "target": {
             "loo_mdape": target_loo_mdape,
             "gpus": list(target_gpus),
@@ -323,8 +496,9 @@ def fit_hardware(
         },
         "pairs": pairs,
     }
-    # Round once so the markdown shows exactly the figures of the JSON.
+    # Round once so the markdown (and the caveats) show exactly the figures of the JSON.
     summary = json.loads(dump_json(summary))
+    summary["data_caveats"] = data_caveats(table, summary["pairs"], list(host_floor_pairs))
 
     write_atomic(out_dir / COMPUTE_MODELS_FILE, dump_json(compute_doc))
     write_atomic(out_dir / COMM_MODELS_FILE, dump_json(comm_doc))
@@ -334,7 +508,21 @@ def fit_hardware(
     log.info("wrote %s, %s to %s", REPORT_MD, REPORT_JSON, report_dir)
     if misses:
         log.warning("LOO MdAPE target missed: %s", ", ".join(misses))
+    fallback = [f"{r['gpu']}/{r['app']}" for r in pairs if r["compute_fallback"]]
+    if fallback:
+        log.warning("compute fitted to the placement median (no one-GPU rows): %s", ", ".join(fallback))
     return summary
+
+
+def parse_pairs(items: Any) -> tuple[tuple[str, str], ...]:
+    """``["V100/cifar10", ...]`` (or ``[[gpu, app], ...]``) -> ``(("V100", "cifar10"), ...)``."""
+    out = []
+    for item in items or ():
+        parts = item.split("/") if isinstance(item, str) else [str(x) for x in item]
+        if len(parts) != 2 or not all(s.strip() for s in parts):
+            raise ValueError(f"host_floor_pairs entries must be 'GPU/app', got {item!r}")
+        out.append((parts[0].strip(), parts[1].strip()))
+    return tuple(out)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit_hardware")
@@ -351,6 +539,7 @@ def main(cfg: DictConfig) -> float:
         report_dir,
         target_loo_mdape=float(cfg.target_loo_mdape),
         target_gpus=tuple(cfg.target_gpus),
+        host_floor_pairs=parse_pairs(cfg.host_floor_pairs),
     )
     worst = [r["loo_mdape"] for r in summary["pairs"] if r["gpu"] in tuple(cfg.target_gpus)]
     return float(max(worst)) if worst else float("nan")

@@ -164,12 +164,12 @@ class TTAEvalCallback(BaseCallback):
     def evaluate(self) -> float:
         bundle = PolicyBundle(self.best_dir, self.meta_fn(), self.model, self._current_norm())
         env_kwargs = {k: v for k, v in self.cfg.env.items() if k != "action_mode"}
+        # A centralised policy drives exactly the cluster size it was trained on.
+        workers = (
+            self.cfg.centralised_workers if self.cfg.obs_form == "centralised" else self.cfg.eval_workers
+        )
         tta = evaluate_policy_tta(
-            PPOController(bundle=bundle),
-            self.cfg.eval_scenarios,
-            self.cfg.eval_seeds,
-            self.cfg.eval_workers,
-            env_kwargs,
+            PPOController(bundle=bundle), self.cfg.eval_scenarios, self.cfg.eval_seeds, workers, env_kwargs
         )
         mean = float(np.mean(list(tta.values())))
         for k, v in tta.items():

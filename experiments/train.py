@@ -6,8 +6,8 @@
 
 Writes ``<run_dir>/best`` (the bundle with the best validation time-to-accuracy), ``<run_dir>/policy``
 (the final bundle), checkpoints and TensorBoard logs. Returns the best validation time-to-accuracy
-in minutes (the metric the Optuna sweeper minimises); a failed or non-finite run returns NaN so that
-a sweep records a failed trial and goes on.
+in minutes (the metric the Optuna sweeper minimises); a failed or non-finite run raises, which a
+sweep records as a failed trial before going on.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def run(cfg: DictConfig) -> float:
     fields = set(TrainConfig.__dataclass_fields__)
     kwargs = {k: v for k, v in raw.items() if k in fields}
     kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
+    kwargs["env"] = {**raw.get("env", {}), "reward": raw["reward"]}
     if kwargs.get("finetune_from"):
         kwargs["finetune_from"] = to_absolute_path(kwargs["finetune_from"])
     result = train(TrainConfig(**kwargs), config_dict=raw)
@@ -44,14 +45,12 @@ def run(cfg: DictConfig) -> float:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    try:
-        value = run(cfg)
-    except Exception:
-        if cfg.get("fail_soft", False):  # inside sweeps: record a failed trial, keep sweeping
-            log.exception("training run failed")
-            return math.nan
-        raise
-    return value if math.isfinite(value) else math.nan
+    value = run(cfg)
+    if not math.isfinite(value):
+        # Raised, not returned: the Optuna sweeper records a raising trial as failed and goes on
+        # (hydra.sweeper.max_failure_rate), whereas a returned NaN stops it.
+        raise FloatingPointError(f"training produced a non-finite validation time-to-accuracy ({value})")
+    return value
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def test_long_random_rollout_thousands_of_steps():
     env.action_space.seed(7)
     episodes = 0
     for _ in range(3000):
-        obs, r, term, trunc, info = env.step(env.action_space.sample())
+        obs, r, term, trunc, _info = env.step(env.action_space.sample())
         assert env.observation_space.contains(obs) and np.isfinite(r)
         if term or trunc:
             episodes += 1

@@ -27,7 +27,7 @@ def test_ppo_trains_on_per_worker_form_and_drives_a_larger_cluster():
         rows = big.per_worker_observations()
         assert rows.shape == (16, OBS_SCHEMA.per_worker_dim)
         actions, _ = model.predict(rows, deterministic=True)
-        _, _, term, trunc, info = big.step(actions)
+        _, _, _term, _trunc, info = big.step(actions)
         assert np.all(info["local_batches"] >= big.backend.spec.min_batch)
     assert big.batches.shape == before.shape == (16,)
 

@@ -69,7 +69,7 @@ class CommModel:
     """All-reduce of a (possibly mixed) cluster.
 
     A ring all-reduce is paced by its slowest link, so a mixed cluster takes the largest T_sync of
-    the GPU types (networks) it spans. ``size_scale`` rescales the fitted times for a model whose
+    the GPU types (networks) it spans, and that type's overlap exponent gamma. ``size_scale`` rescales the fitted times for a model whose
     gradient is larger or smaller than the measured one (bytes ratio).
     """
 
@@ -86,8 +86,10 @@ class CommModel:
         self.nodes = nodes
         self.model_bytes = float(model_bytes)
         self.size_scale = float(size_scale)
-        self.base_sync_s = size_scale * max(p.sync_time_s(replicas, nodes) for p in params)
-        self.gamma = min(p.gamma for p in params)  # the least overlap of the types present
+        # The bottleneck type (largest T_sync) paces the ring; its overlap exponent applies.
+        bottleneck = max(params, key=lambda p: p.sync_time_s(replicas, nodes))
+        self.base_sync_s = size_scale * bottleneck.sync_time_s(replicas, nodes)
+        self.gamma = bottleneck.gamma
         # Ring all-reduce: each worker sends (and receives) 2 (R - 1) / R of the gradient.
         self.bytes_per_iteration = 2.0 * (replicas - 1) / replicas * self.model_bytes if replicas > 1 else 0.0
 

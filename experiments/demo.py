@@ -1,41 +1,81 @@
-"""`make demo`: simulate the default heterogeneous scenario and print what happened.
+"""`make demo`: the short version of the headline experiment.
 
     python -m experiments.demo
+
+1. pretrains a PPO policy for a few minutes (``experiments.train experiment=train_quick``);
+2. evaluates it beside static batches and the rule-based baselines on the default T4/V100
+   cluster (``experiments.evaluate -m``, two runs in parallel);
+3. aggregates the sweep into a table and plots (``experiments.aggregate``).
+
+Every step is one of the project's entry points, run as a user would run it; the commands are
+printed as they run. Output: ``runs/demo/`` (``table.md``, ``accuracy_vs_time.png``, ...).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from sim.engine import Simulator
+import hydra
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig
 
 
-def main() -> None:
-    sim = Simulator("t4v100", "cifar10", "mixed", seed=0)
-    sim.reset()
-    wl = sim.workload
-    print(f"Cluster: {sim.cluster.name} ({', '.join(sim.gpu_types)}); workload: {wl.model}; scenario: mixed")
-    b = np.clip(np.full(sim.num_workers, wl.initial_local_batch), sim.min_batch, sim.max_batch)
-    header = f"{'t (min)':>8} {'val acc':>8} {'iter (s)':>9} {'comm (s)':>9} {'idle T4':>8} {'idle V100':>9}  events"
-    print(header)
-    t4 = np.array([g == "T4" for g in sim.gpu_types])
-    step = 0
-    while True:
-        r = sim.run_interval(b, 50)
-        step += 1
-        done = r.val_accuracy >= wl.target_accuracy
-        if step % 10 == 0 or done or r.events:
-            idle = r.idle_time_s / np.maximum(r.iteration_time_s, 1e-9)
-            print(
-                f"{r.wall_time_s / 60:8.2f} {r.val_accuracy:8.4f} {r.iteration_time_s.mean():9.3f} "
-                f"{r.comm_time_s:9.3f} {idle[t4].mean():8.1%} {idle[~t4].mean():9.1%}  {'; '.join(r.events)}"
-            )
-        if done or r.wall_time_s > wl.time_budget_s:
-            break
-    print(
-        f"Static batch {b[0]} on every worker reached {r.val_accuracy:.3f} after {r.wall_time_s / 60:.1f} simulated "
-        f"minutes ({step} intervals, {r.epoch:.1f} epochs)."
+def _run(args: list[str]) -> None:
+    cmd = [sys.executable, "-m", *args]
+    print("$", "python -m", " ".join(shlex.quote(a) for a in args), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def demo(cfg: DictConfig) -> Path:
+    out = Path(to_absolute_path(cfg.out))
+    train_dir, sweep_dir = out / "train", out / "sweep"
+    t0 = time.perf_counter()
+    _run(
+        [
+            "experiments.train",
+            "experiment=train_quick",
+            f"total_timesteps={cfg.train_timesteps}",
+            f"run_dir={train_dir}",
+        ]
     )
+    print(f"pretraining took {time.perf_counter() - t0:.0f} s", flush=True)
+    grid = [f"scenario={','.join(cfg.scenarios)}", f"seed={','.join(str(s) for s in cfg.seeds)}"]
+    sweep = [f"hydra.sweep.dir={sweep_dir}"]
+    _run(
+        [
+            "experiments.evaluate",
+            "-m",
+            "controller=ppo",
+            f"controller.path={train_dir / 'best'}",
+            *grid,
+            *sweep,
+        ]
+    )
+    _run(
+        [
+            "experiments.evaluate",
+            "-m",
+            "controller=static",
+            f"controller.batch={','.join(str(b) for b in cfg.static_batches)}",
+            *grid,
+            *sweep,
+        ]
+    )
+    _run(["experiments.evaluate", "-m", f"controller={','.join(cfg.baselines)}", *grid, *sweep])
+    _run(["experiments.aggregate", f"sweep_dir={sweep_dir}", f"out={out}", "title=dynamix-gym demo"])
+    table = (out / "table.md").read_text()
+    print(table[table.index("# ") :] if "# " in table else table)
+    print(f"Demo finished in {time.perf_counter() - t0:.0f} s. Table and plots: {out}")
+    return out
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="demo")
+def main(cfg: DictConfig) -> None:
+    demo(cfg)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ class DLBController(BaseController):
 
     name: ClassVar[str] = "dlb"
 
-    def __init__(self, global_batch: int | None = None, window: int = 1, tolerance: float = 0.02) -> None:
+    def __init__(self, global_batch: int | None = 3072, window: int = 1, tolerance: float = 0.02) -> None:
         if global_batch is not None and (int(global_batch) != global_batch or global_batch < 1):
             raise ValueError(
                 f"DLBController.global_batch must be None or an integer >= 1, got {global_batch!r}"

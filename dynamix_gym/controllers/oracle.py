@@ -10,6 +10,9 @@ from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
 
+#: Ground-truth models (callables) and values the oracle reads from ``report.truth``.
+_TRUTH_KEYS = ("compute_time_s", "iteration_time_s", "progress_per_step")
+_TRUTH_VALUES = ("progress", "alive")
 #: Local batches at which the true compute times are tabulated for the equal-time split.
 _TABLE_POINTS = 384
 
@@ -54,7 +57,7 @@ class OracleController(BaseController):
     name: ClassVar[str] = "oracle"
     uses_truth: ClassVar[bool] = True
 
-    def __init__(self, grid_points: int = 48, min_gain: float = 0.02, batch_penalty: float = 0.0) -> None:
+    def __init__(self, grid_points: int = 48, min_gain: float = 0.05, batch_penalty: float = 0.0) -> None:
         if isinstance(grid_points, bool) or int(grid_points) != grid_points or grid_points < 2:
             raise ValueError(f"OracleController.grid_points must be an integer >= 2, got {grid_points!r}")
         if not 0.0 <= min_gain < 1.0:
@@ -85,6 +88,13 @@ class OracleController(BaseController):
             raise RuntimeError(
                 "OracleController needs report.truth (the simulator's hidden state); this backend "
                 "reports none (a real cluster?). Use a controller with uses_truth=False instead."
+            )
+        missing = [k for k in _TRUTH_KEYS if not callable(truth.get(k))]
+        missing += [k for k in _TRUTH_VALUES if k not in truth]
+        if missing:
+            raise RuntimeError(
+                f"OracleController needs report.truth[{missing}] (the simulator's live models); this "
+                "report lost them (a pickled report from a subprocess env?). Run the oracle in-process."
             )
         spec = self.spec
         current = np.asarray(info["local_batches"], dtype=np.int64)

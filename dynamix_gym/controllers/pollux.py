@@ -129,7 +129,21 @@ def fit_perf_params(
         pinned[[3, 5]] = lower[[3, 5]]
         fixed[[3, 5]] = True
     free = ~fixed
-    start = np.clip(init[free], lower[free] * (1 + 1e-6), upper[free])
+    # The alphas and betas span four orders of magnitude: search their logarithms (gamma as is),
+    # which conditions L-BFGS-B's finite-difference steps; the bounds are AdaptDL's.
+    logs = free & (np.arange(7) < 6)
+    log_lower, log_upper = np.log(lower), np.log(np.minimum(upper, 1e4))
+
+    def unpack(x: np.ndarray) -> np.ndarray:
+        p = pinned.copy()
+        p[free] = np.where(logs[free], np.exp(x), x)
+        return p
+
+    start = np.clip(init, lower * (1 + 1e-6), np.minimum(upper, 1e4))
+    start = np.where(logs, np.log(start), start)[free]
+    bounds = list(
+        zip(np.where(logs, log_lower, lower)[free], np.where(logs, log_upper, upper)[free], strict=True)
+    )
     replicas_f = replicas.astype(np.float64)
     args = (
         nodes > 1,
@@ -140,18 +154,10 @@ def fit_perf_params(
         np.log(np.asarray(compute_time, dtype=np.float64)),
         weights / weights.sum(),
     )
-
-    def loss(x: np.ndarray) -> float:
-        p = pinned.copy()
-        p[free] = x
-        return _objective(p, *args)
-
     result = scipy.optimize.minimize(
-        loss, start, method="L-BFGS-B", bounds=list(zip(lower[free], upper[free], strict=True))
+        lambda x: _objective(unpack(x), *args), start, method="L-BFGS-B", bounds=bounds
     )
-    p = pinned.copy()
-    p[free] = result.x
-    return PerfParams(*p)
+    return PerfParams(*unpack(result.x))
 
 
 class PolluxController(BaseController):
@@ -198,7 +204,7 @@ class PolluxController(BaseController):
         max_global_batch: int = 4096,
         min_local_batch: int = 32,
         speedup_threshold: float = 1.05,
-        noise_smoothing: float = 0.2,
+        noise_smoothing: float = 0.5,
         grid_points: int = 50,
     ) -> None:
         if int(max_global_batch) != max_global_batch or max_global_batch < 1:

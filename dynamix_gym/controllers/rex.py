@@ -8,8 +8,9 @@ from collections import deque
 from typing import Any, ClassVar
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
-from scipy.interpolate import UnivariateSpline
+from scipy.interpolate import PchipInterpolator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
@@ -31,27 +32,39 @@ log = logging.getLogger(__name__)
 _TABLE_POINTS = 160
 #: Observations per (worker, local batch) whose median is the curve's point there.
 _POINT_MEMORY = 3
-#: Relative noise of an interval's mean compute time assumed by the smoothing spline.
-_SPLINE_REL_NOISE = 0.01
+#: A batch within this relative distance of a measured one counts as measured (trigger ratios).
+_NEAR_MEASURED = 0.3
+#: Fewest long-window ratios the trigger tests against (with two short ones, 5 is the fewest
+#: for which a one-sided Mann-Whitney p-value can fall below 0.05: 1 / C(7, 2) = 0.048).
+_MIN_LONG = 5
 #: Random candidates scored by expected improvement per Bayesian-optimisation step.
 _EI_CANDIDATES = 256
+
+
+def _median(values: list[float]) -> float:
+    """Median of a short list (numpy's is ~50x slower on three numbers)."""
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else 0.5 * (v[mid - 1] + v[mid])
 
 
 class WorkerTimeModel:
     """One worker's compute time per iteration as a function of its local batch, fitted online.
 
-    Points are the median of the last few measurements at each local batch. The curve through
-    them is
+    Points are the median of the last few measurements at each local batch. Inside the measured
+    range the curve is a monotone cubic spline (scipy ``PchipInterpolator``) through the isotonic
+    (non-decreasing, least-squares; scipy ``isotonic_regression``) fit of the points: compute
+    time never falls as the batch grows, and a shape-preserving spline cannot overshoot between
+    distant points. Outside the range the curve is continued pessimistically, never predicting a
+    worker faster than measured:
 
-        1 point:     T(b) = T_0 * b / b_0                                  (throughput model)
-        2-3 points:  T(b) = a + s * b                                      (least squares, s > 0)
-        >= 4 points: smoothing spline (scipy UnivariateSpline, cubic) inside the measured range,
-                     continued linearly with the least-squares slope outside it
+        b < b_min:   T(b) = T(b_min)                  # a smaller batch is not assumed faster
+        b > b_max:   T(b) = T(b_max) * b / b_max      # no fixed overhead assumed: time ~ batch
     """
 
     def __init__(self) -> None:
         self._obs: list[tuple[int, float, float]] = []  # (interval, local batch, compute time)
-        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._cache: tuple[np.ndarray, np.ndarray, PchipInterpolator | None] | None = None
 
     def __len__(self) -> int:
         return len(self._obs)
@@ -60,39 +73,68 @@ class WorkerTimeModel:
         self._obs.append((step, float(batch), float(time_s)))
         self._cache = None
 
-    def rescale(self, before_step: int, factor: float) -> None:
-        """Multiply every measurement taken before ``before_step`` by ``factor`` (a regime change)."""
-        self._obs = [(k, b, t * factor if k < before_step else t) for k, b, t in self._obs]
+    def rescale(self, before_step: int, factor: float, drop_step: int | None = None) -> None:
+        """Multiply every measurement taken before ``before_step`` by ``factor`` (a regime change);
+        drop those of ``drop_step`` (an interval that straddled the change)."""
+        self._obs = [(k, b, t * factor if k < before_step else t) for k, b, t in self._obs if k != drop_step]
         self._cache = None
 
-    def points(self) -> tuple[np.ndarray, np.ndarray]:
+    def before(self, step: int) -> WorkerTimeModel:
+        """The curve fitted to the measurements taken before interval ``step`` only."""
+        ref = WorkerTimeModel()
+        ref._obs = [o for o in self._obs if o[0] < step]
+        return ref
+
+    def since(self, step: int) -> list[tuple[int, float, float]]:
+        """Measurements (interval, local batch, compute time) from interval ``step`` on."""
+        return [o for o in self._obs if o[0] >= step]
+
+    def nearest_gap(self, batch: float) -> float:
+        """Relative distance from ``batch`` to the nearest measured local batch (inf if none)."""
+        xs, _ = self.points()
+        return float(np.min(np.abs(xs - batch)) / batch) if xs.size else np.inf
+
+    def _fit(self) -> tuple[np.ndarray, np.ndarray, PchipInterpolator | None]:
         if self._cache is None:
             by_batch: dict[float, list[float]] = {}
             for _, b, t in self._obs:
                 by_batch.setdefault(b, []).append(t)
             xs = np.array(sorted(by_batch))
-            ys = np.array([np.median(by_batch[b][-_POINT_MEMORY:]) for b in xs])
-            self._cache = (xs, ys)
+            ys = np.array([_median(by_batch[b][-_POINT_MEMORY:]) for b in xs])
+            curve = None
+            if xs.size >= 2:
+                ys = scipy.optimize.isotonic_regression(ys).x
+                curve = PchipInterpolator(xs, ys, extrapolate=False)
+            self._cache = (xs, ys, curve)
         return self._cache
 
-    def predict(self, batches: np.ndarray) -> np.ndarray:
+    def points(self) -> tuple[np.ndarray, np.ndarray]:
+        """Measured local batches and the (isotonic) compute times the curve passes through."""
+        xs, ys, _ = self._fit()
+        return xs, ys
+
+    def predict(self, batches: np.ndarray, extrapolate: str = "pessimistic") -> np.ndarray:
+        """Predicted compute time (s) at ``batches``.
+
+        Args:
+            batches: local batches.
+            extrapolate: ``"pessimistic"`` (the class docstring's rule, for planning) or
+                ``"linear"`` (continue the secant of the two outermost points at each end, for
+                judging whether a measurement fits the curve).
+        """
         b = np.asarray(batches, dtype=np.float64)
-        xs, ys = self.points()
+        xs, ys, curve = self._fit()
         if xs.size == 0:
             raise ValueError("WorkerTimeModel.predict needs at least one measurement")
-        if xs.size == 1:
-            return ys[0] * b / xs[0]
-        slope, intercept = np.polyfit(xs, ys, 1)
-        if slope <= 0:  # no usable trend yet: the throughput model through the mean point
-            return float(ys.mean()) * b / float(xs.mean())
-        if xs.size < 4:
-            return np.maximum(intercept + slope * b, 1e-6)
-        with warnings.catch_warnings():
-            # "s too small": the spline returned then interpolates more closely; that is fine.
-            warnings.simplefilter("ignore", UserWarning)
-            spline = UnivariateSpline(xs, ys, k=3, s=xs.size * (_SPLINE_REL_NOISE * ys.mean()) ** 2)
         inside = np.clip(b, xs[0], xs[-1])
-        t = spline(inside) + slope * (b - inside)
+        t = np.full(b.shape, ys[0]) if curve is None else curve(inside)
+        if extrapolate == "linear" and xs.size >= 2:
+            lo_slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+            hi_slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            t = np.where(b < xs[0], ys[0] + lo_slope * (b - xs[0]), t)
+            t = np.where(b > xs[-1], ys[-1] + hi_slope * (b - xs[-1]), t)
+        else:
+            t = np.where(b > xs[-1], ys[-1] * b / xs[-1], t)
         return np.maximum(t, 1e-6)
 
 
@@ -115,8 +157,9 @@ class REXController(BaseController):
 
     Split of M across the live workers:
 
-    * each worker's compute time versus local batch is a :class:`WorkerTimeModel` (smoothing
-      splines, scipy.interpolate) fitted to its measurements;
+    * each worker's compute time versus local batch is a :class:`WorkerTimeModel` (monotone
+      cubic splines through an isotonic fit, scipy.interpolate / scipy.optimize) of its
+      measurements;
     * the split minimises the spread (max - min) of the predicted compute times at fixed M, found
       by Bayesian optimisation (scikit-learn GaussianProcessRegressor, Matern 5/2, expected
       improvement) over log-multipliers z in [-bo_width, bo_width]^N of a base split, seeded with
@@ -126,12 +169,16 @@ class REXController(BaseController):
     * re-split only when M changed, the trigger fired, or the curves predict that the slowest
       worker would gain more than ``min_gain`` (relative): each change costs a reconfiguration.
 
-    Trigger (two-level, per worker): the ratio rho = measured / predicted compute time of each
-    interval goes into a short window (the last ``short_window`` intervals) and a long window (the
-    ``long_window`` before them). A one-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) at
-    level ``alpha`` in either direction, with a median shift of at least ``min_shift``, marks a
-    persistent slowdown (or recovery): the worker's older measurements are rescaled by the short
-    window's median ratio and M is re-split at once, mid-epoch. Every firing is logged in
+    Trigger (two-level, per worker): each worker's curve is refitted to its measurements before
+    the short window (the last ``short_window`` intervals); the ratios rho = measured / predicted
+    compute time of the short window (out of sample) and of the ``long_window`` intervals before
+    it (in sample, about 1) are compared, counting only batches within 30% of a measured one and
+    continuing the curve linearly beyond its ends. A one-sided Mann-Whitney U test
+    (scipy.stats.mannwhitneyu) at level ``alpha`` in either direction, with the short window's
+    median ratio off both 1 and the long window's median by at least ``min_shift`` (relative),
+    marks a persistent slowdown (or recovery): the worker's older measurements are rescaled by
+    the newest ratio (the interval just before the short window, which may straddle the change,
+    is dropped) and M is re-split at once, mid-epoch. Every firing is logged in
     ``self.triggers``.
 
     Args:
@@ -158,10 +205,10 @@ class REXController(BaseController):
         self,
         initial_global_batch: int | None = None,
         min_global_batch: int | None = None,
-        max_global_batch: int = 8192,
+        max_global_batch: int = 4096,
         growth: float = 2.0,
         decrease: float = 0.5,
-        min_efficiency: float = 0.4,
+        min_efficiency: float = 0.2,
         test_window: int = 6,
         alpha: float = 0.05,
         short_window: int = 2,
@@ -224,8 +271,6 @@ class REXController(BaseController):
         self.noise = NoiseScaleEstimator(self.noise_smoothing)
         self._raw_noise: deque[float] = deque(maxlen=self.test_window)
         self.models = [WorkerTimeModel() for _ in range(n)]
-        self._ratios = [deque(maxlen=self.short_window + self.long_window) for _ in range(n)]
-        self._predicted = np.full(n, np.nan)
         self._grid = np.unique(
             np.rint(np.geomspace(spec.min_batch.min(), spec.max_batch.max(), _TABLE_POINTS))
         )
@@ -247,14 +292,14 @@ class REXController(BaseController):
             return False
         m, m0 = self.global_batch, self.spec.base_batch
         cap = int(self.spec.max_batch[report.alive].sum()) if report.alive.any() else m
-        m_up = min(int(round(m * self.growth)), self.max_global_batch, cap)
+        m_up = min(round(m * self.growth), self.max_global_batch, cap)
         if m_up > m and len(self._raw_noise) == self.test_window:
             d = statistical_efficiency(np.array(self._raw_noise), m_up, m0) - self.min_efficiency
             if self._wilcoxon_greater(d):
                 self.global_batch = m_up
                 return True
         if statistical_efficiency(ema, m, m0) < 0.5 * self.min_efficiency:
-            m_down = max(int(round(m * self.decrease)), self._min_m)
+            m_down = max(round(m * self.decrease), self._min_m)
             if m_down < m:
                 self.global_batch = m_down
                 return True
@@ -267,20 +312,35 @@ class REXController(BaseController):
 
     # --- trigger ---------------------------------------------------------------------------------
     def _trigger(self, i: int, wall_time_s: float) -> bool:
-        hist = np.array(self._ratios[i])
-        if hist.size < self.short_window + max(2, self.long_window // 2):
+        """Two-level Mann-Whitney test of worker i's newest compute times against its curve."""
+        model = self.models[i]
+        first_short = self._step - self.short_window + 1
+        # The reference: the curve fitted to everything before the short window. The long window's
+        # ratios are in-sample (about 1), the short window's out-of-sample; only measurements
+        # within 30% of a reference batch count (a long extrapolation is no evidence).
+        ref = model.before(first_short)
+        if len(ref) == 0:
             return False
-        short, long = hist[-self.short_window :], hist[: -self.short_window]
-        shift = np.median(short) / np.median(long) - 1.0
-        if abs(shift) < self.min_shift:
+        recent = np.array(model.since(first_short - self.long_window)).reshape(-1, 3)
+        xs, _ = ref.points()
+        steps, batches, times = recent.T
+        near = np.min(np.abs(batches[:, None] - xs[None, :]), axis=1) <= _NEAR_MEASURED * batches
+        ratio = times / ref.predict(batches, extrapolate="linear")
+        short = ratio[near & (steps >= first_short)]
+        long = ratio[near & (steps < first_short)]
+        if short.size < self.short_window or long.size < _MIN_LONG:
             return False
-        side = "greater" if shift > 0 else "less"
-        p = scipy.stats.mannwhitneyu(short, long, alternative=side).pvalue
-        if p >= self.alpha:
+        med_short, med_long = float(np.median(short)), float(np.median(long))
+        # A regime change: the curve is off now (short vs 1) and was not before (short vs long).
+        if abs(med_short / med_long - 1.0) < self.min_shift or abs(med_short - 1.0) < self.min_shift:
             return False
-        factor = float(np.median(short))
-        self.models[i].rescale(self._step - self.short_window + 1, factor)
-        self._ratios[i].clear()
+        side = "greater" if med_short > med_long else "less"
+        if scipy.stats.mannwhitneyu(short, long, alternative=side).pvalue >= self.alpha:
+            return False
+        # The newest interval lies wholly in the new regime; the one before the short window may
+        # straddle the change, so it is dropped.
+        factor = float(short[-1])
+        model.rescale(first_short, factor, drop_step=first_short - 1)
         self.triggers.append(
             {"step": self._step, "wall_time_s": wall_time_s, "worker": i, "direction": side, "factor": factor}
         )
@@ -359,18 +419,10 @@ class REXController(BaseController):
         current = np.asarray(info["local_batches"], dtype=np.int64)
         alive = report.alive & (report.compute_time_s > 0)
         fired = False
-        for i in np.flatnonzero(~alive):
-            self._ratios[i].clear()
         for i in np.flatnonzero(alive):
-            b, t = float(report.local_batch[i]), float(report.compute_time_s[i])
-            if np.isfinite(self._predicted[i]) and self._predicted[i] > 0:
-                self._ratios[i].append(t / self._predicted[i])
-            self.models[i].add(self._step, b, t)
+            self.models[i].add(self._step, float(report.local_batch[i]), float(report.compute_time_s[i]))
             fired |= self._trigger(i, report.wall_time_s)
         changed_m = self._update_global_batch(report)
-        if changed_m:
-            for r in self._ratios:
-                r.clear()
         self.batch_history.append(self.global_batch)
         if not alive.any():
             return current.astype(np.float32), None
@@ -384,8 +436,9 @@ class REXController(BaseController):
         t_now = self._times(table, current[alive]).max()
         t_base = self._times(table, base).max()
         target = current.copy()
-        if changed_m or fired or current[alive].sum() != m or t_base < (1.0 - self.min_gain) * t_now:
-            target[alive] = self._bo_split(base.astype(np.float64), m, lo, hi, table)
-        self._predicted = np.full(current.shape, np.nan)
-        self._predicted[alive] = self._times(table, target[alive])
+        must = changed_m or fired or current[alive].sum() != m
+        if must or t_base < (1.0 - self.min_gain) * t_now:
+            split = self._bo_split(base.astype(np.float64), m, lo, hi, table)
+            if must or self._times(table, split).max() < (1.0 - self.min_gain) * t_now:
+                target[alive] = split
         return target.astype(np.float32), None

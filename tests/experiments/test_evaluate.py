@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from scipy import stats
@@ -147,22 +148,26 @@ def test_default_cluster_takes_a_worker_count(user_dir):
     [(g, n) for g in GROUPS for n in options(g)],
 )
 def test_every_config_group_option_composes_and_instantiates(on_path, group, name):
-    """Every option of every group: specs convert, controllers and backends instantiate (the
-    backend builds an env that resets), experiments compose."""
+    """Every option of every group: specs convert, controllers instantiate, backends build their
+    env in the controller's action mode (no reset: a real backend would start its workers),
+    experiments compose."""
     cfg = compose_evaluate(on_path, f"{group}={name}")
     specs = build_specs(cfg)
     if group in SPEC_GROUPS:
-        expected = {"reward": RewardConfig}.get(group)
-        assert expected is None or isinstance(specs["reward"], expected)
+        assert isinstance(specs["reward"], RewardConfig)
         return
-    controller = instantiate(cfg.controller)
+    try:
+        controller = instantiate(cfg.controller)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, FileNotFoundError):  # e.g. a PPO bundle not trained yet
+            pytest.skip(f"controller {name!r} needs an artefact that is not here: {err.__cause__}")
+        raise
     assert isinstance(controller, Controller)
     if group in ("backend", "experiment"):
         env = make_env(cfg, controller.action_mode, specs)
         try:
-            env.reset(seed=0)
             assert env.unwrapped.action_mode == controller.action_mode
-            assert env.unwrapped.backend.spec.num_workers == specs["cluster"].num_workers
+            assert env.action_space.shape == (env.unwrapped.num_workers,)
         finally:
             env.close()
 

@@ -311,7 +311,7 @@ def aggregate(cfg: DictConfig) -> pd.DataFrame:
     runs = load_runs(sweep_dir)
     table = summarise(runs)
     commands = [*sweep_commands(runs["run_dir"], cfg.sweep_dir), aggregate_command(cfg)]
-    title = cfg.get("title") or f"Evaluation of {cfg.sweep_dir}"
+    title = cfg.get("title") or default_title(runs)
     atomic_write_text(out / "table.md", to_markdown(table, commands, title))
     atomic_write_text(out / "table.csv", table.to_csv(index=False))
     atomic_write_text(out / "summary.csv", runs[list(COLUMNS)].to_csv(index=False))
@@ -328,6 +328,15 @@ def aggregate(cfg: DictConfig) -> pd.DataFrame:
         ", ".join(str(p) for p in [out / "table.md", out / "table.csv", out / "summary.csv", *written]),
     )
     return table
+
+
+def default_title(runs: pd.DataFrame) -> str:
+    """E.g. "cifar10 on t4v100x8 (sim): 11 controllers x 5 scenarios x 5 seeds"."""
+    contexts = "; ".join(
+        f"{w} on {c} ({b})" for b, w, c in runs[CONTEXT_KEYS].drop_duplicates().itertuples(index=False)
+    )
+    counts = [runs[k].nunique() for k in ("controller", "scenario", "seed")]
+    return f"{contexts}: {counts[0]} controllers x {counts[1]} scenarios x {counts[2]} seeds"
 
 
 def aggregate_command(cfg: DictConfig) -> str:

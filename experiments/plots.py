@@ -109,8 +109,10 @@ def batch_trajectories(
         t = tl["wall_time_s"].to_numpy() / 60.0
         for i, g in enumerate(gpu_types):
             col = f"w{i}_batch"
-            if col in tl:
-                ax.step(t, tl[col], where="post", color=colour[g], alpha=0.75, linewidth=1.1)
+            if col in tl:  # earlier types drawn wider and below, so coinciding lines show both colours
+                k = types.index(g)
+                width = 1.0 + 1.6 * (len(types) - 1 - k) / max(len(types) - 1, 1)
+                ax.step(t, tl[col], where="post", color=colour[g], alpha=0.8, linewidth=width, zorder=2 + k)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter("{x:.0f}")
         ax.set_title(controller)
@@ -205,8 +207,9 @@ def plot_sweep(
     in_scenario = chosen[chosen["scenario"] == scenario]
     if in_scenario.empty:
         raise ValueError(f"trajectory scenario {scenario!r} is not in the sweep (scenarios: {scenarios})")
-    if controllers is None:
-        adaptive = [c for c in order if not STATIC.match(c) and c in set(in_scenario["controller"])]
+    if controllers is None:  # the best static batch and the adaptive ones (random is noise)
+        present = set(in_scenario["controller"])
+        adaptive = [c for c in order if not STATIC.match(c) and c != "random" and c in present]
         best = table.loc[table["scenario"] == scenario, "best_static"].dropna()
         controllers = ([best.iloc[0]] if len(best) else []) + adaptive[:5]
     trajectories = {}

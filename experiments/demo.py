@@ -61,6 +61,7 @@ def demo(cfg: DictConfig) -> Path:
             "-m",
             "controller=static",
             f"controller.batch={','.join(str(b) for b in cfg.static_batches)}",
+            "env.initial_batch=${controller.batch}",  # static from the first interval, as in results/baselines
             *grid,
             *sweep,
         ]

@@ -36,7 +36,7 @@ class OmniLearnController(BaseController):
 
     name: ClassVar[str] = "omnilearn"
 
-    def __init__(self, gain: float = 1.0, deadband: float = 0.1, global_batch: int | None = 3072) -> None:
+    def __init__(self, gain: float = 1.5, deadband: float = 0.1, global_batch: int | None = 3072) -> None:
         if not 0.0 < gain < 2.0:
             raise ValueError(f"OmniLearnController.gain must be in (0, 2), got {gain!r}")
         if not 0.0 <= deadband < 1.0:

@@ -57,7 +57,7 @@ class OracleController(BaseController):
     name: ClassVar[str] = "oracle"
     uses_truth: ClassVar[bool] = True
 
-    def __init__(self, grid_points: int = 48, min_gain: float = 0.05, batch_penalty: float = 0.0) -> None:
+    def __init__(self, grid_points: int = 48, min_gain: float = 0.02, batch_penalty: float = 0.1) -> None:
         if isinstance(grid_points, bool) or int(grid_points) != grid_points or grid_points < 2:
             raise ValueError(f"OracleController.grid_points must be an integer >= 2, got {grid_points!r}")
         if not 0.0 <= min_gain < 1.0:

@@ -22,7 +22,7 @@ class RandomController(BaseController):
 
     name: ClassVar[str] = "random"
 
-    def __init__(self, hold: int = 1) -> None:
+    def __init__(self, hold: int = 5) -> None:
         if isinstance(hold, bool) or int(hold) != hold or hold < 1:
             raise ValueError(f"RandomController.hold must be an integer >= 1, got {hold!r}")
         self.hold = int(hold)

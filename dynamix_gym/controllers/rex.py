@@ -89,11 +89,6 @@ class WorkerTimeModel:
         """Measurements (interval, local batch, compute time) from interval ``step`` on."""
         return [o for o in self._obs if o[0] >= step]
 
-    def nearest_gap(self, batch: float) -> float:
-        """Relative distance from ``batch`` to the nearest measured local batch (inf if none)."""
-        xs, _ = self.points()
-        return float(np.min(np.abs(xs - batch)) / batch) if xs.size else np.inf
-
     def _fit(self) -> tuple[np.ndarray, np.ndarray, PchipInterpolator | None]:
         if self._cache is None:
             by_batch: dict[float, list[float]] = {}
@@ -208,7 +203,7 @@ class REXController(BaseController):
         max_global_batch: int = 4096,
         growth: float = 2.0,
         decrease: float = 0.5,
-        min_efficiency: float = 0.2,
+        min_efficiency: float = 0.1,
         test_window: int = 6,
         alpha: float = 0.05,
         short_window: int = 2,

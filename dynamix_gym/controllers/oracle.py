@@ -51,7 +51,8 @@ class OracleController(BaseController):
         batch_penalty: exponent s of the large-batch penalty above, in [0, 1].
 
     Raises:
-        RuntimeError: from :meth:`predict` when ``report.truth`` is ``None`` (a real backend).
+        RuntimeError: from :meth:`predict` when ``report.truth`` is ``None`` (a real backend) or
+            lacks the simulator's live models (a report pickled across processes).
     """
 
     name: ClassVar[str] = "oracle"

@@ -136,17 +136,23 @@ class Simulator:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
-        """Start a fresh run at time 0. ``rng`` (if given) is used for every draw; else ``seed``;
-        else the constructor's seed."""
+        """Start a fresh run at time 0. ``rng`` (if given) drives every draw; else ``seed``; else the
+        constructor's seed.
+
+        Two child streams are spawned from it: one for the fault processes, one for per-interval
+        noise. Faults therefore unfold identically whatever batches a controller chooses (same
+        seed, same throttling windows and congestion), which keeps comparisons between
+        controllers fair.
+        """
         if rng is None:
             rng = np.random.default_rng(self.seed if seed is None else seed)
-        self._rng = rng
+        fault_rng, self._rng = rng.spawn(2)
         self._env = simpy.Environment()
         n = self.num_workers
         speed = np.asarray(self.scenario.worker_speed or np.ones(n), dtype=np.float64)
         self._state = ClusterState(n, speed)
         self._faults = FaultInjector(
-            self._env, self._state, self.scenario, self.gpu_types, self.node_of_worker, rng
+            self._env, self._state, self.scenario, self.gpu_types, self.node_of_worker, fault_rng
         )
         self._t = 0.0
         self._progress = 0.0

@@ -238,3 +238,19 @@ def test_idle_fraction_falls_when_work_is_balanced_by_speed():
     assert even.global_batch == balanced.global_batch
     assert balanced.idle_time_s.mean() < 0.5 * even.idle_time_s.mean()
     assert balanced.iteration_time_s[0] < even.iteration_time_s[0]
+
+
+@pytest.mark.parametrize("scenario", ["throttle", "jitter", "interference", "mixed"])
+def test_faults_do_not_depend_on_the_controllers_batches(scenario):
+    """Same seed, same fault history, whatever the batches: comparisons between controllers are fair."""
+
+    def fault_log(batches_fn):
+        sim = make(scenario, seed=21)
+        rng = np.random.default_rng(0)
+        while sim.now_s < 3600:
+            sim.run_interval(batches_fn(sim, rng), 50)
+        return [e for e in sim.fault_log if e.time_s < 3000]
+
+    small = fault_log(lambda sim, rng: np.full(8, 32))
+    varied = fault_log(lambda sim, rng: rng.integers(sim.min_batch, sim.max_batch + 1))
+    assert small and small == varied

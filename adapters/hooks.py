@@ -4,7 +4,9 @@ Registered with ``ddp_model.register_comm_hook(stats, grad_stats_hook)``, it rep
 all-reduce hook (sum, then divide by the world size: the same arithmetic) and, per iteration:
 
 * sums the squares of this rank's *local* gradient buckets before the all-reduce (``local_sqr``)
-  and of the all-reduced ones after it (``global_sqr``): the two-batch noise-scale inputs;
+  and, in :meth:`GradStats.finish` after ``backward``, of the all-reduced ones (``global_sqr``): the
+  two-batch noise-scale inputs (only on iterations with ``measure``; no Python callback runs on
+  the communication thread);
 * stamps the moment the last bucket is ready (``t_ready``): local compute ends there, the wait for
   the slowest rank and the exposed all-reduce begin;
 * emulates a slower device: before launching the last bucket's all-reduce it sleeps
@@ -14,7 +16,6 @@ all-reduce hook (sum, then divide by the world size: the same arithmetic) and, p
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -29,27 +30,39 @@ class GradStats:
     world_size: int
     cuda: bool = False
     slowdown: float = 1.0  # compute-time multiplier to emulate (>= 1)
+    measure: bool = True  # take the gradient norms this iteration
     t_start: float = 0.0  # set by the loop when the iteration's input pipeline starts
     t_ready: float = 0.0  # last bucket ready (local backward done)
     injected_s: float = 0.0  # emulated extra compute slept this iteration
     local_sqr: float = 0.0  # |local gradient|^2 as seen by the hook (before averaging)
-    global_sqr: float = 0.0  # |all-reduced gradient|^2
+    global_sqr: float = 0.0  # |all-reduced gradient|^2 (after :meth:`finish`)
     group: "dist.ProcessGroup | None" = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    reduced: list = field(default_factory=list, repr=False)  # this iteration's all-reduced buckets
 
-    def begin(self, slowdown: float = 1.0) -> None:
+    def begin(self, slowdown: float = 1.0, measure: bool = True) -> None:
         """Start an iteration: reset the accumulators and stamp the start."""
         self.slowdown = max(float(slowdown), 1.0)
+        self.measure = measure
         self.local_sqr = 0.0
         self.global_sqr = 0.0
         self.injected_s = 0.0
         self.t_ready = 0.0
+        self.reduced.clear()
         self.t_start = time.perf_counter()
+
+    def finish(self) -> float:
+        """After ``backward`` (the all-reduce is complete): |all-reduced gradient|^2."""
+        if self.reduced:
+            self.global_sqr = float(sum(torch.dot(b, b) for b in self.reduced))
+            self.reduced.clear()
+        return self.global_sqr
 
 
 def grad_stats_hook(state: GradStats, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
-    state.local_sqr += float(torch.dot(buf, buf)) if buf.dtype.is_floating_point else 0.0
+    if state.measure and buf.dtype.is_floating_point:
+        state.local_sqr += float(torch.dot(buf, buf))
+        state.reduced.append(buf)  # reduced in place: read by finish() once backward returns
     if bucket.is_last():
         if state.cuda:
             torch.cuda.synchronize()
@@ -59,13 +72,8 @@ def grad_stats_hook(state: GradStats, bucket: dist.GradBucket) -> torch.futures.
             time.sleep(extra)
             state.injected_s = extra
     buf.div_(state.world_size)
-    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
+    return dist.all_reduce(buf, group=state.group, async_op=True).get_future().then(_first)
 
-    def _done(f: torch.futures.Future) -> torch.Tensor:
-        t = f.value()[0]
-        sqr = float(torch.dot(t, t))
-        with state.lock:  # buckets may complete on gloo's threads concurrently
-            state.global_sqr += sqr
-        return t
 
-    return fut.then(_done)
+def _first(fut: torch.futures.Future) -> torch.Tensor:
+    return fut.value()[0]  # as torch's default all-reduce hook: the future must yield the bucket

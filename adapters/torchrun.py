@@ -70,21 +70,23 @@ _SCALARS = (
 )
 
 
-def resolve_policy(policy: Controller | str | Path) -> Controller:
-    """A controller object, a baseline's name (``dynamix_gym.controllers``) or a PPO bundle path."""
+def resolve_policy(policy: Controller | str | Path, **kwargs: Any) -> Controller:
+    """A controller object, a baseline's name (``dynamix_gym.controllers``, built with ``kwargs``)
+    or a PPO bundle path."""
     if not isinstance(policy, str | Path):
         return policy
     path = Path(policy)
     if path.exists():
         from dynamix_gym.bundle import PPOController
 
-        return PPOController(path)
+        return PPOController(path, **kwargs)
     name = str(policy)
     try:
         registry = importlib.import_module("dynamix_gym.controllers.registry")
-        return registry.make_controller(name)
     except ImportError:
-        pass
+        registry = None
+    if registry is not None:
+        return registry.make_controller(name, **kwargs)
     import dynamix_gym.controllers as pkg
     from dynamix_gym.controllers.base import BaseController
 
@@ -98,7 +100,7 @@ def resolve_policy(policy: Controller | str | Path) -> Controller:
         raise ValueError(
             f"unknown policy {name!r}: not a bundle path nor one of {sorted(k for k in found if k)}"
         )
-    return found[name]()
+    return found[name](**kwargs)
 
 
 class _SpecOnly:
@@ -124,6 +126,7 @@ class DynamixController:
         ddp_model: the user's DDP model (a comm hook is registered on it).
         optimizer: its optimiser; the learning rate is set at every decision (``lr_rule``).
         policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
+        policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
         min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
@@ -133,6 +136,8 @@ class DynamixController:
         target_accuracy, time_budget_s: ``done`` turns true when either is reached.
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
+        stats_every: take the gradient norms on every n-th iteration (timings are taken on all);
+            the interval means stay unbiased and the per-iteration cost drops n-fold.
     """
 
     def __init__(
@@ -141,6 +146,7 @@ class DynamixController:
         optimizer: torch.optim.Optimizer,
         policy: Controller | str | Path,
         *,
+        policy_kwargs: dict[str, Any] | None = None,
         interval: int = 50,
         base_batch: int = 32,
         min_batch: int | list[int] = 8,
@@ -155,6 +161,7 @@ class DynamixController:
         workload: str = "user",
         gpu_types: tuple[str, ...] | None = None,
         slowdown: float = 1.0,
+        stats_every: int = 4,
         seed: int = 0,
     ) -> None:
         if not dist.is_initialized():
@@ -169,6 +176,9 @@ class DynamixController:
         self.lr_rule = lr_rule
         self.evaluate = evaluate
         self.slowdown = float(slowdown)
+        if stats_every < 1:
+            raise ValueError(f"stats_every must be >= 1, got {stats_every}")
+        self.stats_every = int(stats_every)
         self.cuda = next(ddp_model.parameters()).is_cuda
         self.comm_device = (
             torch.device("cuda", torch.cuda.current_device())
@@ -207,7 +217,7 @@ class DynamixController:
         self.policy: Controller | None = None
         self.env: HeteroClusterEnv | None = None
         if self.rank == 0:
-            self.policy = resolve_policy(policy)
+            self.policy = resolve_policy(policy, **(policy_kwargs or {}))
             self.env = HeteroClusterEnv(
                 backend=_SpecOnly(self.spec), interval=self.interval, action_mode=self.policy.action_mode
             )
@@ -232,7 +242,7 @@ class DynamixController:
     @property
     def loss_scale(self) -> float:
         """W / B: multiply the *summed* per-sample loss by this before ``backward``."""
-        return loss_weight(self.batches)
+        return self._loss_scale
 
     def batch_sampler(self, n: int, seed: int = 0, steps: int | None = None) -> DynamicBatchSampler:
         """A ``DataLoader`` batch sampler that follows this controller's batches (shared permutation)."""
@@ -241,7 +251,7 @@ class DynamixController:
     # --- per iteration --------------------------------------------------------------------------------
     def begin(self) -> None:
         """Call at the start of each iteration (before taking the batch to the device)."""
-        self.stats.begin(self.slowdown)
+        self.stats.begin(self.slowdown, measure=self._k % self.stats_every == 0)
 
     def end(self, loss_sum: torch.Tensor | float, correct: torch.Tensor | int) -> bool:
         """Call after ``optimizer.step()``; returns True when a new decision took effect."""
@@ -255,11 +265,13 @@ class DynamixController:
         self._wait[k] = max(t_end - ready - st.injected_s, 0.0)
         self._iter[k] = t_end - st.t_start
         self._busy += ready - st.t_start
-        b = self.local_batch
-        self._local_sqr[k] = st.local_sqr * ((self.batches.sum() / (self.world * b)) ** 2 if b > 0 else 0.0)
-        self._global_sqr[k] = st.global_sqr
-        self._loss = self._loss + loss_sum
-        self._correct = self._correct + correct
+        if st.measure:
+            j = self._m
+            self._local_sqr[j] = st.local_sqr * self._to_local
+            self._global_sqr[j] = st.finish()
+            self._m += 1
+        self._loss += loss_sum
+        self._correct += correct
         self._k += 1
         if self._k < self.interval:
             return False
@@ -273,6 +285,10 @@ class DynamixController:
     def _new_interval(self) -> None:
         k = self.interval
         self._k = 0
+        self._m = 0  # iterations with gradient norms taken
+        b = self.local_batch
+        self._to_local = (int(self.batches.sum()) / (self.world * b)) ** 2 if b > 0 else 0.0
+        self._loss_scale = loss_weight(self.batches)
         self._compute = np.zeros(k)
         self._wait = np.zeros(k)
         self._iter = np.zeros(k)
@@ -302,7 +318,9 @@ class DynamixController:
         t_eval = time.perf_counter() - t0
         cpu, mem = self.meter.read()
         seconds, sent, retrans = self._snap.delta(HostSnapshot.take())
-        gnorm = np.sqrt(self._local_sqr)
+        m = max(self._m, 1)
+        local_sqr, global_sqr = self._local_sqr[:m], self._global_sqr[:m]
+        gnorm = np.sqrt(local_sqr)
         samples = self.local_batch * k
         scalars = {
             "batch": self.local_batch,
@@ -312,8 +330,8 @@ class DynamixController:
             "loss_sum": float(self._loss),
             "grad_norm_mean": float(gnorm.mean()),
             "grad_norm_var": float(gnorm.var()),
-            "local_sqr": float(self._local_sqr.mean()),
-            "global_sqr": float(self._global_sqr.mean()),
+            "local_sqr": float(local_sqr.mean()),
+            "global_sqr": float(global_sqr.mean()),
             "cpu_util": cpu,
             "mem_util": mem,
             "bytes_sent": sent / self.local_world / max(seconds, 1e-9),

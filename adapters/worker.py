@@ -238,6 +238,7 @@ class Trainer:
             loss = F.cross_entropy(out, y, reduction="sum")
             (loss * weight).backward()
             t_bw = time.perf_counter()
+            stats.finish()
             if net_delay_s[k] > 0:
                 time.sleep(float(net_delay_s[k]))
             t_net = time.perf_counter()

@@ -1,7 +1,8 @@
 """An ordinary DDP training script with DYNAMIX's drop-in batch-size controller added.
 
     torchrun --nproc-per-node 2 adapters/examples/torchrun_digits.py
-    torchrun --nproc-per-node 2 adapters/examples/torchrun_digits.py --policy dlb --slowdown 1,3
+    torchrun --standalone --nproc-per-node 2 adapters/examples/torchrun_digits.py \
+        --policy dlb --policy-kwargs '{"global_batch": null}' --slowdown 1,3
     # several nodes: torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \
     #     --rdzv-endpoint HOST:29400 adapters/examples/torchrun_digits.py
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import time
 from pathlib import Path
@@ -35,6 +37,11 @@ from adapters.torchrun import DynamixController
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", default="static", help="baseline name or PPO bundle path")
+    p.add_argument(
+        "--policy-kwargs",
+        default="{}",
+        help="JSON arguments of the baseline, e.g. '{\"global_batch\": null}'",
+    )
     p.add_argument("--iterations", type=int, default=1500, help="training steps at most")
     p.add_argument("--interval", type=int, default=50, help="K: iterations per decision")
     p.add_argument("--base-batch", type=int, default=32)
@@ -70,6 +77,7 @@ def main() -> None:
         model,
         optimizer,
         policy=args.policy,
+        policy_kwargs=json.loads(args.policy_kwargs),
         interval=args.interval,
         base_batch=args.base_batch,
         lr_rule=args.lr_rule,

@@ -119,7 +119,7 @@ def test_batch_changes_mid_run_and_out_of_memory_step_back(backend):
             schedule.next_global(32)
         plan = [[16, 16], [40, 8], [40, 8], [9, 33], [64, 64], [64, 40]]
         for k, target in enumerate(plan):
-            obs, reward, term, trunc, info = env.step(np.array(target, dtype=np.float32))
+            obs, _reward, _term, _trunc, info = env.step(np.array(target, dtype=np.float32))
             report = info["report"]
             replies = backend.last_replies
             applied = [64, 33] if target == [64, 64] else target  # rank 1 steps back to its last good 33

@@ -1,0 +1,148 @@
+"""The controller-overhead benchmark's rank process (importable for ``spawn``).
+
+Each rank trains three identical DDP replicas of the same model at the same fixed local batches,
+alternating segments of ``iterations`` steps: plain DDP (torch's built-in all-reduce), plain DDP
+with torch's Python all-reduce comm hook, and the same loop with
+:class:`~adapters.torchrun.DynamixController` (comm hook, per-iteration measurement, a decision
+every K steps: gather, policy, broadcast). Both loops validate at the same cadence, so only the
+controller's own work differs. Each segment's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from adapters.data import load_dataset
+from adapters.models import build_model
+from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
+
+
+def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    from adapters.torchrun import DynamixController  # after the group exists
+
+    data = load_dataset(cfg["dataset"])
+    k, n_iter, batch = int(cfg["interval"]), int(cfg["iterations"]), int(cfg["batch"])
+    batches = [batch] * world
+
+    def make() -> tuple[DDP, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        m = DDP(build_model(cfg["model"], data.input_shape, data.num_classes))
+        return m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+
+    plain, plain_opt = make()
+    hooked, hooked_opt = make()  # plain DDP with torch's Python all-reduce hook (no measurement)
+    hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    ctl_model, ctl_opt = make()
+
+    def evaluator(model: DDP):
+        def evaluate() -> tuple[float, float]:
+            with torch.no_grad():
+                out = model.module(data.x_val)
+                return float((out.argmax(1) == data.y_val).float().mean()), float(
+                    F.cross_entropy(out, data.y_val)
+                )
+
+        return evaluate
+
+    ctl = DynamixController(
+        ctl_model,
+        ctl_opt,
+        policy=cfg["policy"],
+        interval=k,
+        base_batch=batch,
+        initial_batch=batch,
+        lr_rule="none",
+        evaluate=evaluator(ctl_model),
+        min_batch=batch,
+        max_batch=batch,
+    )
+    sched_plain = GlobalBatchSchedule(data.train_size, 0)
+    sched_ctl = ctl.batch_sampler(data.train_size, seed=0).schedule
+
+    def run_plain(model: DDP = plain, opt: torch.optim.Optimizer = plain_opt) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        w = loss_weight(batches)
+        evaluate = evaluator(model)
+        for it in range(n_iter):
+            idx = torch.from_numpy(sched_plain.next_global(sum(batches))[rank_slice(batches, rank)])
+            x, y = data.x_train[idx], data.y_train[idx]
+            out = model(x)
+            loss = F.cross_entropy(out, y, reduction="sum")
+            (loss * w).backward()
+            opt.step()
+            opt.zero_grad()
+            _ = (loss.detach(), (out.argmax(1) == y).sum())
+            if (it + 1) % k == 0:
+                evaluate()
+        return _slowest(time.perf_counter() - t0)
+
+    def run_ctl() -> tuple[float, float]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        over0 = ctl.overhead_s
+        for _ in range(n_iter):
+            ctl.begin()
+            b = ctl.batches.tolist()
+            idx = torch.from_numpy(sched_ctl.next_global(sum(b))[rank_slice(b, rank)])
+            x, y = data.x_train[idx], data.y_train[idx]
+            out = ctl_model(x)
+            loss = F.cross_entropy(out, y, reduction="sum")
+            (loss * ctl.loss_scale).backward()
+            ctl_opt.step()
+            ctl_opt.zero_grad()
+            ctl.end(loss.detach(), (out.argmax(1) == y).sum())
+        return _slowest(time.perf_counter() - t0), _slowest(ctl.overhead_s - over0)
+
+    run_plain(), run_plain(hooked, hooked_opt), run_ctl()  # warm-up: bucket rebuilds, caches
+    rows = []
+    for r in range(int(cfg["rounds"])):
+        if r % 2 == 0:
+            tp = run_plain()
+            th = run_plain(hooked, hooked_opt)
+            tc, over = run_ctl()
+        else:
+            tc, over = run_ctl()
+            th = run_plain(hooked, hooked_opt)
+            tp = run_plain()
+        rows.append((tp, tc, over, th))
+    if rank == 0:
+        conn.send({"rows": rows, "batches": ctl.batches.tolist(), "decisions": ctl.decisions})
+    plain = hooked = ctl_model = ctl = plain_opt = hooked_opt = ctl_opt = None
+    gc.collect()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def summarise(rows: list[tuple[float, float, float, float]]) -> dict:
+    arr = np.asarray(rows)
+    tp, tc, over, th = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+    return {
+        "plain_hook_s": th.tolist(),
+        "ratio_vs_hook_total": float(tc.sum() / th.sum()),
+        "plain_s": tp.tolist(),
+        "controller_s": tc.tolist(),
+        "controller_self_s": over.tolist(),
+        "ratio_total": float(tc.sum() / tp.sum()),
+        "ratio_median": float(np.median(tc / tp)),
+        "self_fraction": float(over.sum() / tc.sum()),
+    }

@@ -1,0 +1,125 @@
+"""Deploy a controller (a baseline or a PPO bundle) on real PyTorch DDP training.
+
+    python -m experiments.deploy controller=dlb
+    python -m experiments.deploy policy=pollux backend.workers=3 backend.emulate=null
+
+The env is ``dynamix/RealDDP-v0`` built from ``conf/backend/real.yaml`` with the same specs and
+episode runner (:func:`dynamix_gym.evaluation.run_episode`) as ``experiments.evaluate``, so the
+run dir gets the same ``timeline.csv`` and ``summary.csv`` row. With ``backend.checkpoint_dir``
+and ``backend.checkpoint_every`` the model, optimiser, data position and the controller are saved
+atomically; ``backend.resume=true`` continues a crashed run from its last checkpoint (the
+timeline's steps then continue from the checkpoint's interval).
+
+Returns the time to accuracy in seconds (``inf`` when the target was not reached).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+import dynamix_gym  # noqa: F401  (registers the envs)
+from adapters.ddp_backend import DDPBackend
+from adapters.torchrun import resolve_policy
+from dynamix_gym.evaluation import run_episode
+from experiments.common import atomic_write_text
+from experiments.evaluate import COLUMNS, append_csv_row, build_specs, controller_label, make_env
+
+log = logging.getLogger(__name__)
+
+
+class ResumableController:
+    """Wraps a controller so that its state is checkpointed with the run and restored on resume."""
+
+    def __init__(self, inner: Any, backend: DDPBackend) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.name = inner.name
+        self.action_mode = inner.action_mode
+        self.uses_truth = inner.uses_truth
+        backend.extra_state["controller"] = lambda: self.inner
+
+    def reset(self, spec, rng: np.random.Generator | None = None) -> None:
+        self.inner.reset(spec, rng)
+        restored = self.backend.restored_extra.get("controller")
+        if restored is not None:
+            self.inner = restored
+            log.info("controller %s restored from the checkpoint", self.name)
+
+    def predict(self, observation, info, deterministic: bool = True):
+        return self.inner.predict(observation, info, deterministic)
+
+
+def make_controller(cfg: DictConfig) -> Any:
+    if cfg.get("policy"):
+        node = cfg.get("policy_kwargs")
+        kwargs = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        return resolve_policy(str(cfg.policy), **kwargs)
+    if cfg.get("controller") is None:
+        raise ValueError(
+            "give controller=<name> (conf/controller/<name>.yaml) or policy=<name or bundle path>"
+        )
+    return instantiate(cfg.controller)
+
+
+def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
+    out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
+    controller = make_controller(cfg)
+    specs = build_specs(cfg)
+    env = make_env(cfg, controller.action_mode, specs)
+    backend = env.unwrapped.backend
+    if not isinstance(backend, DDPBackend):
+        raise ValueError(
+            f"experiments.deploy drives the real backend (backend=real), got {type(backend).__name__}"
+        )
+    wrapped = ResumableController(controller, backend)
+    try:
+        result = run_episode(env, wrapped, int(cfg.seed), scenario=specs["scenario"].name)
+        spec = backend.spec
+        interval = int(env.unwrapped.interval)
+        offset = backend.resumed_interval or 0
+    finally:
+        env.close()
+    summary = dict(result.summary)
+    summary.update(
+        controller=controller_label(wrapped.inner),
+        cluster=specs["cluster"].name,
+        gpu_types=" ".join(spec.gpu_types),
+        target_accuracy=spec.target_accuracy,
+        time_budget_s=spec.time_budget_s,
+        interval=interval,
+    )
+    timeline = pd.DataFrame(result.timeline)
+    timeline["step"] += offset
+    atomic_write_text(out / "timeline.csv", timeline.to_csv(index=False))
+    append_csv_row(out / "summary.csv", summary, COLUMNS)
+    tta = float(summary["time_to_accuracy_s"]) if summary["reached_target"] else math.inf
+    log.info(
+        "%s on real DDP (%s, %s): final accuracy %.4f after %.1f s, %d decisions, target %s",
+        summary["controller"],
+        summary["workload"],
+        summary["gpu_types"],
+        summary["final_accuracy"],
+        summary["total_time_s"],
+        summary["decisions"],
+        "reached" if math.isfinite(tta) else "not reached",
+    )
+    return tta
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="deploy")
+def main(cfg: DictConfig) -> float:
+    return deploy(cfg)
+
+
+if __name__ == "__main__":
+    main()

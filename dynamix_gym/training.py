@@ -56,6 +56,9 @@ class TrainConfig:
     progress_bar: bool = True
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
     finetune_from: str | None = None  # start from this bundle instead of a fresh policy
+    # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
+    # {"expert": "oracle", "episodes": 120, "epochs": 20}; see dynamix_gym.imitation.
+    expert_pretrain: dict[str, Any] | None = None
 
 
 # --- environments -----------------------------------------------------------------------------------
@@ -223,6 +226,54 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, Path | None] | None:
 # --- training ---------------------------------------------------------------------------------------
 
 
+def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
+    """Behaviour cloning from an expert (dynamix_gym.imitation); also seeds VecNormalize's
+    observation and return statistics with the expert's data so PPO starts where BC left off."""
+    from dynamix_gym.imitation import collect_expert_data, pretrain
+
+    opts = dict(cfg.expert_pretrain or {})
+    t0 = time.perf_counter()
+    gamma = float(cfg.ppo.get("gamma", 0.99))
+    data = collect_expert_data(
+        cfg.domain,
+        cfg.env,
+        list(cfg.cluster_sizes),
+        episodes=int(opts.get("episodes", 120)),
+        gamma=gamma,
+        seed=cfg.seed + 7919,
+        expert=str(opts.get("expert", "oracle")),
+    )
+    scale = 1.0
+    obs_fn = lambda x: x  # noqa: E731
+    if isinstance(venv, VecNormalize):
+        if venv.norm_obs:
+            venv.obs_rms.mean = data.obs.mean(axis=0).astype(np.float64)
+            venv.obs_rms.var = data.obs.var(axis=0).astype(np.float64)
+            venv.obs_rms.count = float(len(data.obs))
+            obs_fn = venv.normalize_obs
+        if venv.norm_reward:
+            venv.ret_rms.var = np.asarray(float(np.var(data.returns)))
+            venv.ret_rms.count = float(len(data.returns))
+            scale = float(np.sqrt(venv.ret_rms.var + venv.epsilon))
+    stats = pretrain(
+        model,
+        data,
+        obs_fn,
+        scale,
+        epochs=int(opts.get("epochs", 20)),
+        learning_rate=float(opts.get("learning_rate", 1e-3)),
+        seed=cfg.seed,
+    )
+    stats.update(
+        expert=str(opts.get("expert", "oracle")),
+        episodes=data.episodes,
+        expert_mean_tta_s=data.mean_tta_s,
+        seconds=time.perf_counter() - t0,
+    )
+    log.info("warm start from %s: %s", stats["expert"], stats)
+    return stats
+
+
 def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume, or fine-tune) a PPO policy; returns a summary with the best validation TTA."""
     torch.set_num_threads(cfg.torch_threads)
@@ -232,6 +283,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     final_dir = run_dir / "policy"
     run_dir.mkdir(parents=True, exist_ok=True)
     venv = make_train_venv(cfg)
+    warm_start_stats: dict[str, Any] = {}
     resume = latest_checkpoint(ckpt_dir) if cfg.resume else None
     if resume is not None:
         model_path, norm_path = resume
@@ -279,6 +331,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             **cfg.ppo,
         )
         reset_timesteps = True
+        if cfg.expert_pretrain:
+            warm_start_stats = _warm_start(cfg, model, venv)
 
     action_set = list(venv.get_attr("action_set", [0])[0])
 
@@ -292,6 +346,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 "timesteps": int(model.num_timesteps),
                 "seed": cfg.seed,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "warm_start": warm_start_stats,
             },
         )
 

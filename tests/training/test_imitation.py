@@ -1,0 +1,50 @@
+"""Behaviour-cloning warm start from an expert controller."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dynamix_gym.imitation import collect_expert_data, expert_deltas
+from dynamix_gym.training import TrainConfig, train
+
+ACTIONS = np.array([-100, -25, 0, 25, 100])
+
+
+def test_expert_deltas_step_towards_the_target_and_hold_near_it():
+    current = np.array([128, 128, 128, 128, 128])
+    target = np.array([500.0, 150.0, 135.0, 100.0, 16.0])
+    idx = expert_deltas(current, target, ACTIONS, tolerance=12.5)
+    assert ACTIONS[idx].tolist() == [100, 25, 0, -25, -100]
+
+
+def test_expert_rollouts_reach_the_target():
+    data = collect_expert_data({}, {"interval": 50, "reward": "time"}, [3], episodes=2, gamma=0.99, seed=0)
+    assert data.obs.shape[1] == 32 and len(data.obs) == len(data.actions) == len(data.returns)
+    assert np.isfinite(data.mean_tta_s)
+    assert set(np.unique(data.actions)) <= set(range(5))
+
+
+def test_warm_start_clones_the_expert(tmp_path):
+    cfg = TrainConfig(
+        run_dir=str(tmp_path),
+        total_timesteps=256,
+        cluster_sizes=(3,),
+        env={"interval": 50, "reward": {"kind": "time"}},
+        ppo={"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+        policy_kwargs={"net_arch": [32, 32]},
+        checkpoint_every=10**9,
+        eval_every=10**9,
+        eval_scenarios=("static_hetero",),
+        eval_seeds=(1000,),
+        eval_workers=4,
+        progress_bar=False,
+        expert_pretrain={"expert": "oracle", "episodes": 4, "epochs": 30},
+    )
+    train(cfg)
+    warm = json.loads((tmp_path / "policy" / "bundle.json").read_text())["metadata"]["warm_start"]
+    # Five actions: chance agreement is ~20% (the expert holds most of the time, so a constant
+    # "hold" would score higher; cloning must beat that majority baseline too).
+    assert warm["action_agreement"] > 0.6
+    assert warm["value_r2"] > 0.5

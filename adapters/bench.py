@@ -120,7 +120,16 @@ def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
             tp = run_plain()
         rows.append((tp, tc, over, th))
     if rank == 0:
-        conn.send({"rows": rows, "batches": ctl.batches.tolist(), "decisions": ctl.decisions})
+        conn.send(
+            {
+                "rows": rows,
+                "batches": ctl.batches.tolist(),
+                "decisions": ctl.decisions,
+                "timings": ctl.timings,
+            }
+        )
+    else:
+        print("rank", rank, "timings", ctl.timings, "decisions", ctl.decisions, flush=True)
     plain = hooked = ctl_model = ctl = plain_opt = hooked_opt = ctl_opt = None
     gc.collect()
     dist.destroy_process_group()
@@ -143,6 +152,8 @@ def summarise(rows: list[tuple[float, float, float, float]]) -> dict:
         "controller_s": tc.tolist(),
         "controller_self_s": over.tolist(),
         "ratio_total": float(tc.sum() / tp.sum()),
+        # Least-disturbed segments: robust to other load on a shared machine.
+        "ratio_min": float(tc.min() / tp.min()),
         "ratio_median": float(np.median(tc / tp)),
         "self_fraction": float(over.sum() / tc.sum()),
     }

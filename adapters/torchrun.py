@@ -15,8 +15,11 @@ service runs anywhere::
         if ctl.done:
             break
 
-Every rank measures its iterations (the comm hook of :mod:`adapters.hooks` times the end of local
-compute and the all-reduce and takes the gradient norms). Every ``interval`` iterations one
+Every rank times its iterations. On every ``stats_every``-th iteration the controller also keeps
+that iteration's backward local (as ``DDP.no_sync`` does) and, in an ``optimizer.step`` pre-hook,
+times the local compute, takes the local gradient norm, all-reduces the gradient in one flat bucket
+(DDP's arithmetic: sum / W) and takes the all-reduced norm; the other iterations run DDP untouched,
+so the controller adds no work to them. Every ``interval`` iterations one
 ``all_gather`` brings the measurements to rank 0, which builds the same
 :class:`~sim.report.IntervalReport` the env sees, encodes the same observation, asks the policy (a
 baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
@@ -40,7 +43,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from adapters.hooks import GradStats, grad_stats_hook
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.lr import lr_gain
 from adapters.sampling import DynamicBatchSampler, loss_weight
@@ -103,6 +105,13 @@ def resolve_policy(policy: Controller | str | Path, **kwargs: Any) -> Controller
     return found[name](**kwargs)
 
 
+def _total(values: list[Any]) -> float:
+    """Sum of floats or (0-dim) tensors, with one device sync."""
+    if values and isinstance(values[0], torch.Tensor):
+        return float(torch.stack([v.reshape(()) for v in values]).sum())
+    return float(sum(values))
+
+
 class _SpecOnly:
     """A backend that only carries a spec: lets rank 0 reuse the env's action and observation code."""
 
@@ -123,8 +132,11 @@ class DynamixController:
     """Batch-size control for a ``DistributedDataParallel`` loop; construct it on every rank.
 
     Args:
-        ddp_model: the user's DDP model (a comm hook is registered on it).
-        optimizer: its optimiser; the learning rate is set at every decision (``lr_rule``).
+        ddp_model: the user's DDP model.
+        optimizer: its optimiser; the learning rate is set at every decision (``lr_rule``), and a
+            step pre-hook does the measured iterations' all-reduce. Not for loops that may skip
+            ``optimizer.step()`` (AMP's ``GradScaler`` after an overflow): that all-reduce would
+            be skipped on some ranks.
         policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
@@ -136,8 +148,9 @@ class DynamixController:
         target_accuracy, time_budget_s: ``done`` turns true when either is reached.
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
-        stats_every: take the gradient norms on every n-th iteration (timings are taken on all);
-            the interval means stay unbiased and the per-iteration cost drops n-fold.
+        stats_every: measure every n-th iteration (gradient norms, compute / wait split); the
+            others run DDP untouched and only their wall time is taken. Interval means stay
+            unbiased and the per-iteration cost drops n-fold.
     """
 
     def __init__(
@@ -161,7 +174,7 @@ class DynamixController:
         workload: str = "user",
         gpu_types: tuple[str, ...] | None = None,
         slowdown: float = 1.0,
-        stats_every: int = 4,
+        stats_every: int = 8,
         seed: int = 0,
     ) -> None:
         if not dist.is_initialized():
@@ -185,8 +198,11 @@ class DynamixController:
             if dist.get_backend() == "nccl"
             else torch.device("cpu")
         )
-        self.stats = GradStats(world_size=self.world, cuda=self.cuda)
-        ddp_model.register_comm_hook(self.stats, grad_stats_hook)
+        self.model = ddp_model
+        self._params = [p for p in ddp_model.parameters() if p.requires_grad]
+        self._measuring = False
+        self._compute_est = 0.0  # last measured local compute (emulated slow-down between measurements)
+        self._pre_step_handle = optimizer.register_step_pre_hook(self._pre_step)
 
         def per_rank(v: int | list[int] | None) -> np.ndarray:
             v = base_batch if v is None else v
@@ -230,6 +246,8 @@ class DynamixController:
         self.decisions = 0
         self.last_report: IntervalReport | None = None
         self.overhead_s = 0.0  # time spent in decisions (gather, policy, broadcast), this rank
+        #: seconds spent per part of the decisions, this rank (the gather includes waiting for peers)
+        self.timings = {"measure": 0.0, "gather": 0.0, "policy": 0.0, "broadcast": 0.0}
         self._set_lr(self._lr_for(self.batches))
         self._t_run = time.perf_counter()
         self._new_interval()
@@ -250,28 +268,66 @@ class DynamixController:
 
     # --- per iteration --------------------------------------------------------------------------------
     def begin(self) -> None:
-        """Call at the start of each iteration (before taking the batch to the device)."""
-        self.stats.begin(self.slowdown, measure=self._k % self.stats_every == 0)
+        """Call at the start of each iteration (before the forward pass)."""
+        self._measuring = self._k % self.stats_every == 0
+        if self._measuring:
+            # This iteration's backward stays local (what ``DDP.no_sync`` does); the optimiser's
+            # step pre-hook then measures the local gradient and all-reduces it.
+            self.model.require_backward_grad_sync = False
+        self._t0 = time.perf_counter()
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Before ``optimizer.step()``: on measured iterations, time the local compute, take the
+        local and all-reduced gradient norms and do DDP's all-reduce (one flat bucket)."""
+        if not self._measuring:
+            if self.slowdown > 1.0:  # emulated slow device: as slow as last measured
+                time.sleep((self.slowdown - 1.0) * self._compute_est)
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        t_ready = time.perf_counter()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        local_sqr = float(torch.dot(flat, flat))
+        compute = t_ready - self._t0
+        injected = 0.0
+        if self.slowdown > 1.0:
+            injected = (self.slowdown - 1.0) * compute
+            time.sleep(injected)
+        t_sent = time.perf_counter()
+        flat.div_(self.world)
+        dist.all_reduce(flat)
+        for p, g, reduced in zip(
+            self._params, grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
+        ):
+            if p.grad is None:
+                p.grad = reduced.clone()
+            else:
+                g.copy_(reduced)
+        if self.cuda:
+            torch.cuda.synchronize()
+        t_reduced = time.perf_counter()
+        self.model.require_backward_grad_sync = True
+        j = self._m
+        self._compute_est = compute
+        self._compute[j] = compute + injected
+        self._wait[j] = t_reduced - t_sent
+        self._busy += compute
+        self._local_sqr[j] = local_sqr * self._to_local
+        self._global_sqr[j] = float(torch.dot(flat, flat))
+        self._m += 1
 
     def end(self, loss_sum: torch.Tensor | float, correct: torch.Tensor | int) -> bool:
         """Call after ``optimizer.step()``; returns True when a new decision took effect."""
-        st = self.stats
-        if self.cuda:
-            torch.cuda.synchronize()
-        t_end = time.perf_counter()
-        k = self._k
-        ready = st.t_ready or t_end
-        self._compute[k] = ready - st.t_start + st.injected_s
-        self._wait[k] = max(t_end - ready - st.injected_s, 0.0)
-        self._iter[k] = t_end - st.t_start
-        self._busy += ready - st.t_start
-        if st.measure:
-            j = self._m
-            self._local_sqr[j] = st.local_sqr * self._to_local
-            self._global_sqr[j] = st.finish()
-            self._m += 1
-        self._loss += loss_sum
-        self._correct += correct
+        if self._measuring:
+            if self.model.require_backward_grad_sync is False:
+                self.model.require_backward_grad_sync = True
+                raise RuntimeError("DynamixController.end(): optimizer.step() was not called since begin()")
+            if self.cuda:
+                torch.cuda.synchronize()
+        self._iter[self._k] = time.perf_counter() - self._t0
+        self._losses.append(loss_sum)  # summed at the decision: no tensor op per iteration
+        self._corrects.append(correct)
         self._k += 1
         if self._k < self.interval:
             return False
@@ -281,6 +337,9 @@ class DynamixController:
     def _node_of_worker(self) -> tuple[int, ...]:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         return tuple(r // max(local, 1) for r in range(self.world))
+
+    def _measured_iters(self) -> np.ndarray:
+        return np.arange(0, self.interval, self.stats_every)
 
     def _new_interval(self) -> None:
         k = self.interval
@@ -295,8 +354,8 @@ class DynamixController:
         self._local_sqr = np.zeros(k)
         self._global_sqr = np.zeros(k)
         self._busy = 0.0
-        self._loss: Any = 0.0
-        self._correct: Any = 0
+        self._losses: list[Any] = []
+        self._corrects: list[Any] = []
         self._t_interval = time.perf_counter()
         self._snap = HostSnapshot.take()
         self.meter.mark()
@@ -326,8 +385,8 @@ class DynamixController:
             "batch": self.local_batch,
             "iter_s": float(self._iter.mean()),
             "samples": samples,
-            "correct": float(self._correct),
-            "loss_sum": float(self._loss),
+            "correct": _total(self._corrects),
+            "loss_sum": _total(self._losses),
             "grad_norm_mean": float(gnorm.mean()),
             "grad_norm_var": float(gnorm.var()),
             "local_sqr": float(local_sqr.mean()),
@@ -338,12 +397,14 @@ class DynamixController:
             "retrans": retrans / self.local_world,
             "val_acc": float(val_acc),
             "val_loss": float(val_loss),
-            "gpu_util": min(self._busy / max(float(self._iter.sum()), 1e-12), 1.0),
+            "gpu_util": min(self._busy / max(float(self._iter[self._measured_iters()].sum()), 1e-12), 1.0),
         }
         mine = np.concatenate([self._compute, self._wait, np.array([scalars[s] for s in _SCALARS])])
         local = torch.from_numpy(mine).to(self.comm_device)
         gathered = [torch.empty_like(local) for _ in range(self.world)]
+        t_gather = time.perf_counter()
         dist.all_gather(gathered, local)
+        t_policy = time.perf_counter()
         interval_s = time.perf_counter() - self._t_interval
         decision = torch.zeros(self.world + 2, dtype=torch.float64, device=self.comm_device)
         if self.rank == 0:
@@ -365,7 +426,14 @@ class DynamixController:
             decision[: self.world] = torch.from_numpy(new.astype(np.float64))
             decision[self.world] = self._lr_for(new)
             decision[self.world + 1] = float(stop)
+        t_bcast = time.perf_counter()
         dist.broadcast(decision, src=0)
+        t_done = time.perf_counter()
+        tm = self.timings
+        tm["measure"] += t_gather - t0 - t_eval
+        tm["gather"] += t_policy - t_gather
+        tm["policy"] += t_bcast - t_policy
+        tm["broadcast"] += t_done - t_bcast
         d = decision.cpu().numpy()
         new = d[: self.world].astype(np.int64)
         changed = bool(np.any(new != self.batches))
@@ -378,8 +446,8 @@ class DynamixController:
         return changed
 
     def _report(self, rows: np.ndarray, interval_s: float) -> IntervalReport:
-        k = self.interval
-        compute, wait = rows[:, :k], rows[:, k : 2 * k]
+        k, m = self.interval, max(self._m, 1)  # every rank measured the same m iterations
+        compute, wait = rows[:, :m], rows[:, k : k + m]
         s = {name: rows[:, 2 * k + i] for i, name in enumerate(_SCALARS)}
         b = s["batch"].astype(np.int64)
         idle = (compute.max(axis=0)[None, :] - compute).mean(axis=1)

@@ -1,7 +1,7 @@
 """Communication model: the all-reduce time an iteration cannot hide behind compute.
 
 Pollux's form (Qiao et al., OSDI'21), fitted per (GPU type / network, application) by
-``python -m experiments.fit_reference`` from the measured ``sync_time_s`` and stored in
+``python -m experiments.fit_hardware`` from the measured ``sync_time_s`` and stored in
 ``sim/data/comm_models.json``.
 """
 

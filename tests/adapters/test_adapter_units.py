@@ -119,3 +119,10 @@ def test_fault_emulator_network_delay_is_shared_and_scales_with_congestion():
     assert f.net_delay_s.shape == (4,)
     assert np.allclose(f.net_delay_s, 0.01 * (1 / 0.25 - 1))
     assert math.isfinite(float(f.net_delay_s.sum()))
+
+
+def test_lr_rules_are_the_simulators():
+    from adapters.lr import LR_RULES
+    from sim.convergence import LR_RULES as SIM_RULES
+
+    assert LR_RULES == SIM_RULES

@@ -39,7 +39,16 @@ class ExpertData:
     actions: np.ndarray  # (S,) action indices
     returns: np.ndarray  # (S,) discounted return of the cluster reward from that step
     episodes: int
-    mean_tta_s: float
+    mean_tta_s: float  # of the episodes that reached the target, under whoever acted
+
+    def __add__(self, other: ExpertData) -> ExpertData:
+        return ExpertData(
+            np.concatenate([self.obs, other.obs]),
+            np.concatenate([self.actions, other.actions]),
+            np.concatenate([self.returns, other.returns]),
+            self.episodes + other.episodes,
+            float(np.nanmean([self.mean_tta_s, other.mean_tta_s])),
+        )
 
 
 def collect_expert_data(
@@ -51,8 +60,16 @@ def collect_expert_data(
     seed: int,
     expert: str = "oracle",
     tolerance: float | None = None,
+    policy=None,
+    obs_fn=None,
 ) -> ExpertData:
-    """Roll the delta-following expert out on randomised clusters of each size in ``sizes``."""
+    """Roll out on randomised clusters of each size in ``sizes``, labelling every state with the
+    delta-following expert's action.
+
+    Without ``policy`` the expert acts (behaviour cloning data). With ``policy`` (an SB3 model;
+    ``obs_fn`` normalises its input) the policy acts and the expert only labels: DAgger's data,
+    the states the learner itself visits (Ross et al., AISTATS 2011).
+    """
     obs_rows, acts, rets, ttas = [], [], [], []
     controller = make_controller(expert)
     rng = np.random.default_rng(seed)
@@ -71,8 +88,12 @@ def collect_expert_data(
         while not done:
             target, _ = controller.predict(None, info)
             a = expert_deltas(env.batches, np.asarray(target, dtype=np.float64), env.action_set, tol)
-            ep_obs.append(env.per_worker_observations())
+            rows = env.per_worker_observations()
+            ep_obs.append(rows)
             ep_act.append(a)
+            if policy is not None:
+                acted, _ = policy.predict(obs_fn(rows) if obs_fn else rows, deterministic=True)
+                a = np.asarray(acted, dtype=np.int64)
             _, r, term, trunc, info = env.step(a)
             ep_rew.append(r)
             done = term or trunc

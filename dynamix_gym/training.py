@@ -175,9 +175,11 @@ class TTAEvalCallback(BaseCallback):
             PPOController(bundle=bundle), self.cfg.eval_scenarios, self.cfg.eval_seeds, workers, env_kwargs
         )
         mean = float(np.mean(list(tta.values())))
-        for k, v in tta.items():
-            self.logger.record(f"eval/tta_min_{k}", v / 60.0)
-        self.logger.record("eval/tta_min_mean", mean / 60.0)
+        logger = getattr(self.model, "_logger", None)  # absent before learn() (warm-start evaluation)
+        if logger is not None:
+            for k, v in tta.items():
+                logger.record(f"eval/tta_min_{k}", v / 60.0)
+            logger.record("eval/tta_min_mean", mean / 60.0)
         self.history.append({"timesteps": int(self.num_timesteps), "tta_s": tta, "mean_tta_s": mean})
         if mean < self.best:
             self.best = mean
@@ -255,19 +257,32 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             venv.ret_rms.var = np.asarray(float(np.var(data.returns)))
             venv.ret_rms.count = float(len(data.returns))
             scale = float(np.sqrt(venv.ret_rms.var + venv.epsilon))
-    stats = pretrain(
-        model,
-        data,
-        obs_fn,
-        scale,
-        epochs=int(opts.get("epochs", 20)),
-        learning_rate=float(opts.get("learning_rate", 1e-3)),
-        seed=cfg.seed,
-    )
+    expert_tta = data.mean_tta_s
+    epochs = int(opts.get("epochs", 20))
+    lr = float(opts.get("learning_rate", 1e-3))
+    stats = pretrain(model, data, obs_fn, scale, epochs=epochs, learning_rate=lr, seed=cfg.seed)
+    rounds = []
+    for k in range(int(opts.get("dagger_rounds", 0))):
+        # DAgger: the learner acts, the expert labels; retrain on everything gathered so far.
+        new = collect_expert_data(
+            cfg.domain,
+            cfg.env,
+            list(cfg.cluster_sizes),
+            episodes=int(opts.get("dagger_episodes", opts.get("episodes", 120))),
+            gamma=gamma,
+            seed=cfg.seed + 104729 * (k + 1),
+            expert=str(opts.get("expert", "oracle")),
+            policy=model,
+            obs_fn=obs_fn,
+        )
+        data = data + new
+        stats = pretrain(model, data, obs_fn, scale, epochs=max(epochs // 2, 1), learning_rate=lr / 2, seed=cfg.seed + k + 1)
+        rounds.append({"learner_mean_tta_s": new.mean_tta_s, **stats})
+    stats["dagger"] = rounds
     stats.update(
         expert=str(opts.get("expert", "oracle")),
         episodes=data.episodes,
-        expert_mean_tta_s=data.mean_tta_s,
+        expert_mean_tta_s=expert_tta,
         seconds=time.perf_counter() - t0,
     )
     log.info("warm start from %s: %s", stats["expert"], stats)
@@ -364,6 +379,10 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         ]
     )
     remaining = cfg.total_timesteps - (model.num_timesteps if not reset_timesteps else 0)
+    if warm_start_stats:
+        # The warm-started policy, before any PPO update, competes for "best" as well.
+        eval_cb.model = model
+        warm_start_stats["validation_tta_s"] = eval_cb.evaluate()
     t0 = time.perf_counter()
     if remaining > 0:
         model.learn(

@@ -315,14 +315,20 @@ def aggregate(cfg: DictConfig) -> pd.DataFrame:
     atomic_write_text(out / "table.md", to_markdown(table, commands, title))
     atomic_write_text(out / "table.csv", table.to_csv(index=False))
     atomic_write_text(out / "summary.csv", runs[list(COLUMNS)].to_csv(index=False))
-    written = plots.plot_sweep(
-        runs,
-        table,
-        out,
-        seed=cfg.get("plot_seed"),
-        scenario=cfg.get("trajectory_scenario"),
-        controllers=cfg.get("trajectory_controllers"),
-    )
+    contexts = list(table.groupby(CONTEXT_KEYS, sort=False).groups)
+    written = []
+    for ctx in contexts:
+        # One set of figures per context (e.g. per cluster size of a sweep over cluster.workers).
+        in_ctx = (runs[CONTEXT_KEYS] == pd.Series(dict(zip(CONTEXT_KEYS, ctx, strict=True)))).all(axis=1)
+        t_ctx = (table[CONTEXT_KEYS] == pd.Series(dict(zip(CONTEXT_KEYS, ctx, strict=True)))).all(axis=1)
+        written += plots.plot_sweep(
+            runs[in_ctx],
+            table[t_ctx],
+            out if len(contexts) == 1 else out / "_".join(str(c) for c in ctx[1:]),
+            seed=cfg.get("plot_seed"),
+            scenario=cfg.get("trajectory_scenario"),
+            controllers=cfg.get("trajectory_controllers"),
+        )
     log.info(
         "wrote %s",
         ", ".join(str(p) for p in [out / "table.md", out / "table.csv", out / "summary.csv", *written]),

@@ -14,7 +14,8 @@ Per iteration j and live worker i (state = the faults active when iteration j st
     idle[j, i]      = T_slowest[j] - T_compute[j, i]
 
 Training progress advances by r(M, p) base-batch steps per iteration at global batch M
-(``sim.convergence``).
+(``sim.convergence``). An interval's wall time is its iterations' plus ``reconfig_delay_s`` when a
+local batch changed plus a fixed ``interval_overhead_s`` (0 unless a calibrated profile measured it).
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import simpy
 
+from sim.calibration import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.cluster import ClusterSpec, get_cluster
-from sim.convergence import ConvergenceModel, convergence_params
+from sim.convergence import ConvergenceModel
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
-from sim.hardware import GPU_MEMORY_GIB, compute_params, smooth_max
-from sim.network import TCP_MSS_BYTES, CommModel, comm_params
+from sim.hardware import smooth_max
+from sim.network import TCP_MSS_BYTES, CommModel
 from sim.report import IntervalReport
 from sim.validation import check_int, check_range
 from sim.workloads import Workload, get_workload
@@ -50,13 +53,22 @@ class Simulator:
     """Simulated synchronous data-parallel training of ``workload`` on ``cluster`` under ``scenario``.
 
     Args:
-        cluster: a :class:`ClusterSpec` or a preset name (``sim.cluster.CLUSTERS``).
-        workload: a :class:`Workload` or a preset name (``sim.workloads.WORKLOADS``).
+        cluster: a :class:`ClusterSpec` or a preset name (``sim.cluster.CLUSTERS``); ``None``: the
+            profile's cluster, else ``"t4v100"``.
+        workload: a :class:`Workload` or a preset name (``sim.workloads.WORKLOADS``); ``None``: the
+            profile's workload, else ``"cifar10"``.
         scenario: a :class:`Scenario` or a preset name (``sim.faults.SCENARIOS``).
         seed: seeds the generator used when :meth:`reset` is given neither seed nor generator.
-        reconfig_delay_s: pause paid at the start of an interval in which any local batch changed.
-        min_batch: smallest local batch a worker may run.
+        reconfig_delay_s: pause paid at the start of an interval in which any local batch changed
+            (``None``: the profile's, else 1.0).
+        min_batch: smallest local batch a worker may run (``None``: the profile's, else 16).
         lr_rule: overrides the workload's learning-rate scaling rule.
+        profile: a calibrated cluster profile (:mod:`sim.calibration`: a directory, its
+            ``profile.json``, a name under ``sim/data/profiles`` or a loaded ``ClusterProfile``).
+            Its fitted compute, communication and convergence models are looked up before the
+            shipped ones, and its cluster, workload and overheads are the defaults.
+        interval_overhead_s: fixed wall time every interval costs besides its iterations
+            (coordination, validation); ``None``: the profile's, else 0.
 
     Same seed, same reports, to the bit.
     """
@@ -65,29 +77,46 @@ class Simulator:
 
     def __init__(
         self,
-        cluster: str | ClusterSpec = "t4v100",
-        workload: str | Workload = "cifar10",
+        cluster: str | ClusterSpec | None = None,
+        workload: str | Workload | None = None,
         scenario: str | Scenario = "static_hetero",
         seed: int | None = None,
         *,
-        reconfig_delay_s: float = 1.0,
-        min_batch: int = 16,
+        reconfig_delay_s: float | None = None,
+        min_batch: int | None = None,
         lr_rule: str | None = None,
+        profile: str | Path | ClusterProfile | None = None,
+        interval_overhead_s: float | None = None,
     ) -> None:
+        prof = load_profile(profile) if profile is not None else None
+        self.profile = prof
+        models = prof if prof is not None else SHIPPED_MODELS
+        if cluster is None:
+            cluster = prof.cluster if prof is not None else "t4v100"
+        if workload is None:
+            workload = prof.workload if prof is not None else "cifar10"
         self.cluster = get_cluster(cluster)
         self.workload = get_workload(workload)
         self.scenario = get_scenario(scenario)
         self.scenario.validate_for(self.cluster.num_workers)
         self.seed = seed
+        settings = prof.simulator if prof is not None else {}
+        if reconfig_delay_s is None:
+            reconfig_delay_s = settings.get("reconfig_delay_s", 1.0)
+        if min_batch is None:
+            min_batch = settings.get("min_batch", 16)
+        if interval_overhead_s is None:
+            interval_overhead_s = settings.get("interval_overhead_s", 0.0)
         self.reconfig_delay_s = check_range("reconfig_delay_s", reconfig_delay_s, 0.0, 3600.0)
+        self.interval_overhead_s = check_range("interval_overhead_s", interval_overhead_s, 0.0, 3600.0)
         self.min_batch_value = check_int("min_batch", min_batch, 1)
         wl = self.workload
-        self.convergence = ConvergenceModel(convergence_params(wl.convergence), lr_rule or wl.lr_rule)
+        self.convergence = ConvergenceModel(models.convergence_params(wl.convergence), lr_rule or wl.lr_rule)
 
         n = self.cluster.num_workers
         self.gpu_types = self.cluster.gpu_types
         self.node_of_worker = self.cluster.node_of_worker
-        cps = [compute_params(g, wl.app) for g in self.gpu_types]
+        cps = [models.compute_params(g, wl.app) for g in self.gpu_types]
         self._alpha = np.array([p.alpha_s for p in cps]) * wl.flops_scale
         self._beta = np.array([p.beta_s for p in cps]) * wl.flops_scale
         self._exponent = np.array([p.exponent for p in cps])
@@ -100,11 +129,11 @@ class Simulator:
                 f"min_batch ({self.min_batch_value}) exceeds the memory cap of some workers "
                 f"({dict(zip(self.gpu_types, self.max_batch.tolist(), strict=True))})"
             )
-        self._comm_params = [comm_params(g, wl.app) for g in sorted(set(self.gpu_types))]
+        self._comm_params = [models.comm_params(g, wl.app) for g in sorted(set(self.gpu_types))]
         self._comm_cache: dict[tuple[int, int], CommModel] = {}
         # Device memory: weights, gradients and two optimiser moments (4 x model), the rest
         # activations, sized so that the measured memory cap fills 90% of the device.
-        gpu_mem = np.array([GPU_MEMORY_GIB[g] for g in self.gpu_types]) * 2**30
+        gpu_mem = np.array([models.gpu_memory_gib(g) for g in self.gpu_types]) * 2**30
         self._gpu_mem_fixed = 4.0 * wl.model_bytes / gpu_mem
         self._gpu_mem_per_sample = np.maximum(0.9 - self._gpu_mem_fixed, 0.0) / self.max_batch
         host_mem = np.array([self.cluster.nodes[i].host_mem_gib for i in self.node_of_worker])
@@ -261,7 +290,7 @@ class Simulator:
         self._last_batches = b
         if self._batch_memory is None:
             self._batch_memory = conv.initial_batch_memory(float(b.sum()))
-        t = t_start + reconfig
+        t = t_start + reconfig + self.interval_overhead_s
         self._advance_events(t)
 
         acc = _Sums(n)

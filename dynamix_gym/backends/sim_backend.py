@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec, IntervalReport
-from sim.cluster import ClusterSpec, default_cluster, get_cluster
+from sim.calibration import ClusterProfile
+from sim.cluster import ClusterSpec, default_cluster
 from sim.engine import Simulator
 from sim.faults import Scenario
 from sim.workloads import Workload
@@ -15,27 +18,38 @@ class SimBackend:
     """Wraps :class:`sim.engine.Simulator` in the backend protocol.
 
     Args:
-        cluster: preset name or :class:`ClusterSpec`; ignored when ``workers`` is given.
+        cluster: preset name or :class:`ClusterSpec`; ignored when ``workers`` is given. ``None``:
+            the profile's cluster, else ``"t4v100"``.
         workers: build the default T4/V100 mix with this many workers.
-        workload, scenario: preset names or specs.
+        workload, scenario: preset names or specs (workload ``None``: the profile's, else
+            ``"cifar10"``).
         initial_batch: local batch of every worker in the first interval (default: the workload's,
             limited to each worker's range).
-        **sim_kwargs: passed to :class:`Simulator` (``reconfig_delay_s``, ``min_batch``, ``lr_rule``).
+        profile: a calibrated cluster profile (path, name or ``sim.calibration.ClusterProfile``;
+            see :class:`Simulator`).
+        **sim_kwargs: passed to :class:`Simulator` (``reconfig_delay_s``, ``min_batch``, ``lr_rule``,
+            ``interval_overhead_s``).
     """
 
     def __init__(
         self,
-        cluster: str | ClusterSpec = "t4v100",
-        workload: str | Workload = "cifar10",
+        cluster: str | ClusterSpec | None = None,
+        workload: str | Workload | None = None,
         scenario: str | Scenario = "static_hetero",
         *,
         workers: int | None = None,
         initial_batch: int | None = None,
         time_budget_s: float | None = None,
+        profile: str | Path | ClusterProfile | None = None,
         **sim_kwargs,
     ) -> None:
-        spec = default_cluster(workers) if workers is not None else get_cluster(cluster)
-        self.sim = Simulator(spec, workload, scenario, **sim_kwargs)
+        if workers is not None and profile is not None:
+            raise ValueError(
+                "workers= builds the default T4/V100 mix, which a profile does not describe; "
+                "give the profiled cluster as cluster= (or leave both out to use the profile's)"
+            )
+        spec = default_cluster(workers) if workers is not None else cluster
+        self.sim = Simulator(spec, workload, scenario, profile=profile, **sim_kwargs)
         sim = self.sim
         wl = sim.workload
         b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)

@@ -94,12 +94,15 @@ class HeteroClusterEnv(gym.Env):
     ``truncated`` when the wall-clock budget or ``max_decisions`` steps are used up.
 
     ## Arguments
-    ``gymnasium.make("dynamix/HeteroCluster-v0", cluster="t4v100", workload="cifar10",
+    ``gymnasium.make("dynamix/HeteroCluster-v0", cluster=None, workload=None,
     scenario="static_hetero", reward="dynamix", interval=50, workers=None, action_mode="delta",
     action_set=(-100, -25, 0, 25, 100), max_decisions=None, time_budget_s=None,
-    initial_batch=None, window=4, backend=None, sim_kwargs=None)``. ``workers=N`` builds the
-    default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`) replaces the
-    simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or a config.
+    initial_batch=None, window=4, backend=None, sim_kwargs=None, profile=None)``. ``workers=N``
+    builds the default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`)
+    replaces the simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or
+    a config. ``profile`` (a calibrated cluster profile's path or name, :mod:`sim.calibration`)
+    makes the simulator use its fitted models; ``cluster`` and ``workload`` then default to the
+    profile's (``None`` otherwise means ``"t4v100"`` and ``"cifar10"``).
 
     ## Version History
     * v0: initial version (observation schema 1).
@@ -109,8 +112,8 @@ class HeteroClusterEnv(gym.Env):
 
     def __init__(
         self,
-        cluster: Any = "t4v100",
-        workload: Any = "cifar10",
+        cluster: Any = None,
+        workload: Any = None,
         scenario: Any = "static_hetero",
         reward: str | dict | RewardConfig | None = "dynamix",
         interval: int = 50,
@@ -123,6 +126,7 @@ class HeteroClusterEnv(gym.Env):
         window: int = 4,
         backend: Backend | None = None,
         sim_kwargs: dict[str, Any] | None = None,
+        profile: Any = None,
     ) -> None:
         super().__init__()
         if action_mode not in ACTION_MODES:
@@ -144,6 +148,7 @@ class HeteroClusterEnv(gym.Env):
                 workers=workers,
                 initial_batch=initial_batch,
                 time_budget_s=time_budget_s,
+                profile=profile,
                 **(sim_kwargs or {}),
             )
         self.backend = backend

@@ -1,0 +1,61 @@
+"""The fidelity app end to end on a tiny setup: calibrate two digits ranks, run two controllers on the
+real backend and in the calibrated simulator, write the report; then rebuild it without measuring."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", module, "progress=false", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=500, env=env)
+
+
+def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
+    prof = tmp_path / "profile"
+    proc = _run(
+        "experiments.calibrate", f"out_dir={prof}", "ladder.batches=[8,16,32,64,128]", "ladder.iterations=5",
+        "ladder.repeats=2", "overhead.intervals=8", "curves.local_batches=[16,64]", "curves.seeds=[0]",
+        "curves.progress=120", "curves.budget_s=60", "interval=5", "real.dataset=digits", "real.max_batch=128",
+        "real.target_accuracy=0.85", "workload.name=digits_cnn",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "report"
+    controllers = "[{name: static, kwargs: {batch: 32}}, {name: dlb, kwargs: {global_batch: null}}]"
+    proc = _run(
+        "experiments.fidelity", f"profile={prof}", f"out_dir={out}", f"controllers={controllers}",
+        "real_seeds=[0,1]", "sim_seeds=[0,1]", "speed_ladder.batches=[16,64]", "speed_ladder.iterations=5",
+        "speed_ladder.repeats=2", "time_budget_s=30",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["iteration_time_mdape"]) == {"cpu"}
+    assert 0.0 <= summary["iteration_time_mdape"]["cpu"] < 1.0
+    assert -1.0 <= summary["kendall_tau"] <= 1.0
+    assert set(summary["time_to_accuracy"]) == {"static-32", "dlb"}
+    assert summary["ppo"] is None  # no PPO controller asked for
+    assert len(summary["loadavg"]["samples"]) >= 4
+    report = (out / "report.md").read_text()
+    assert report.splitlines()[0].startswith("# Sim-to-real fidelity")
+    assert "python -m experiments.fidelity" in report and "python -m experiments.calibrate" in report
+    for png in ("iteration_time.png", "accuracy_curves.png", "tta.png"):
+        assert (out / png).stat().st_size > 10_000
+    first = summary["time_to_accuracy"]
+    proc = _run(
+        "experiments.fidelity", f"profile={prof}", f"out_dir={out}", f"controllers={controllers}",
+        "reanalyse=true",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    again = json.loads((out / "summary.json").read_text())
+    assert again["time_to_accuracy"] == first
+    assert "reanalyse" not in again["commands"]["fidelity"]

@@ -276,7 +276,15 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             obs_fn=obs_fn,
         )
         data = data + new
-        stats = pretrain(model, data, obs_fn, scale, epochs=max(epochs // 2, 1), learning_rate=lr / 2, seed=cfg.seed + k + 1)
+        stats = pretrain(
+            model,
+            data,
+            obs_fn,
+            scale,
+            epochs=max(epochs // 2, 1),
+            learning_rate=lr / 2,
+            seed=cfg.seed + k + 1,
+        )
         rounds.append({"learner_mean_tta_s": new.mean_tta_s, **stats})
     stats["dagger"] = rounds
     stats.update(

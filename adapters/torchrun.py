@@ -413,8 +413,7 @@ class DynamixController:
             self.last_report = report
             self.noise.update(report)
             env = self.env
-            worker_obs, global_obs = env.encoder.update(report)
-            obs = env.encoder.centralise(worker_obs, global_obs)
+            obs = env.encoder.encode(report)
             info = {"report": report, "local_batches": self.batches.copy()}
             action, _ = self.policy.predict(obs, info, deterministic=True)
             new, _clipped = env.apply_action(action)

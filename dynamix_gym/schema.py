@@ -131,23 +131,16 @@ _G_LOW = np.array([f.low for f in GLOBAL_FEATURES])
 _G_HIGH = np.array([f.high for f in GLOBAL_FEATURES])
 
 
-_W_SCALE, _G_SCALE = 2.0 / (_W_HIGH - _W_LOW), 2.0 / (_G_HIGH - _G_LOW)
-_W_OFFSET, _G_OFFSET = -1.0 - _W_LOW * _W_SCALE, -1.0 - _G_LOW * _G_SCALE
-
-
-def _normalise(
-    raw: np.ndarray, low: np.ndarray, high: np.ndarray, scale: np.ndarray, offset: np.ndarray
-) -> np.ndarray:
-    """Clip to [low, high] and map affinely onto [-1, 1] (in place on ``raw``)."""
-    np.maximum(raw, low, out=raw)
-    np.minimum(raw, high, out=raw)
-    raw *= scale
-    raw += offset
-    return raw.astype(np.float32)
+_FW, _FG = len(WORKER_FEATURES), len(GLOBAL_FEATURES)
+_W = {f.name: i for i, f in enumerate(WORKER_FEATURES)}
+_SPEED_RATIO_DEAD = WORKER_FEATURES[_W["speed_ratio"]].low
 
 
 class ObservationEncoder:
     """Turns interval reports into normalised observations; keeps the short history it needs.
+
+    A dead worker (``alive`` false) reads idle fraction 0, compute share 0 and the lowest speed
+    ratio; the cluster means (batch, speed, iteration time, idle) are over live workers only.
 
     Args:
         spec: the backend's spec (limits, target, budget).
@@ -161,9 +154,27 @@ class ObservationEncoder:
         self.spec = spec
         self.window = window
         self.noise = NoiseScaleEstimator(noise_smoothing)
+        n = spec.num_workers
         self._log2_max = np.log2(spec.max_batch.astype(np.float64))
         self._log2_min = np.log2(spec.min_batch.astype(np.float64))
         self._log_classes = math.log(spec.num_classes)
+        # Rows of the report fields the encoder reads, in one (field, worker) array per interval:
+        # the first six enter as log10(field * mul + add) floored at ``floor`` (net bytes in MB/s,
+        # retransmissions per second (mul set per interval), iteration and compute time, gradient
+        # norm mean and variance).
+        self._log_mul = np.array([[1e-6], [1.0], [1.0], [1.0], [1.0], [1.0]])
+        self._log_add = np.array([[1.0], [1.0], [0.0], [0.0], [0.0], [1e-12]])
+        self._log_floor = np.array([[0.0], [0.0], [1e-9], [1e-9], [1e-12], [0.0]])
+        self._logs = np.empty((6, n))
+        # The centralised observation before normalisation, in its final order; ``_raw`` is its
+        # (worker, feature) view. Normalisation runs once over the whole flat vector.
+        self._flat = np.empty(n * _FW + _FG)
+        self._raw = self._flat[: n * _FW].reshape(n, _FW)
+        tile = np.concatenate
+        self._low = tile([np.tile(_W_LOW, n), _G_LOW])
+        self._high = tile([np.tile(_W_HIGH, n), _G_HIGH])
+        scale = 2.0 / (self._high - self._low)
+        self._scale, self._offset = scale, -1.0 - self._low * scale
         self.reset()
 
     def reset(self) -> None:
@@ -171,109 +182,119 @@ class ObservationEncoder:
         self._batch_acc: deque[np.ndarray] = deque(maxlen=self.window + 1)
         self._val_acc: deque[float] = deque(maxlen=self.window + 1)
 
-    def update(self, report: IntervalReport) -> tuple[np.ndarray, np.ndarray]:
-        """Consume one report; return (worker features (N, Fw), global features (Fg,)), normalised."""
+    def encode(self, report: IntervalReport) -> np.ndarray:
+        """Consume one report; return the centralised observation (float32, a new array)."""
+        # This runs once per env step and its cost is benchmarked (experiments.bench_env): a numpy
+        # call costs ~0.5-1 us whatever the size of these tiny arrays, so features are computed
+        # with few, wide calls, and sums over the workers go through Python lists.
         spec = self.spec
-        self.noise.update(report)
+        bn = self.noise.update(report)
         self._batch_acc.append(report.batch_accuracy)
         self._val_acc.append(float(report.val_accuracy))
         live = report.alive
-        all_live = bool(live.all())
-        n_live = live.size if all_live else int(live.sum())
-        b = report.local_batch.astype(np.float64)
-        it = np.maximum(report.iteration_time_s, 1e-9)
-        comp = np.maximum(report.compute_time_s, 1e-9)
+        live_list = live.tolist()
+        all_live = False not in live_list
         interval = max(report.interval_time_s, 1e-9)
-        # Few, wide numpy calls: this runs once per env step and its cost is benchmarked.
-        logs = np.log10(
-            np.array(
-                [
-                    1.0 + 1e-6 * report.net_bytes_per_s,
-                    1.0 + report.tcp_retransmissions / interval,
-                    it,
-                    comp,
-                    np.maximum(report.grad_norm_mean, 1e-12),
-                    report.grad_norm_var + 1e-12,
-                ]
-            )
-        )
-        log_b = np.log2(b)
-        rate = b / comp
-        idle_frac = report.idle_time_s / it
-        if all_live:  # ndarray.sum / max are much cheaper than .mean() on tiny arrays
-            n = b.size
-            mean_b, mean_rate = float(b.sum()) / n, float(rate.sum()) / n
-            slowest, iter_mean, mean_idle = float(comp.max()), float(it.sum()) / n, float(idle_frac.sum()) / n
-        elif n_live:
-            idle_frac = np.where(live, idle_frac, 0.0)
-            mean_b, mean_rate = float(b[live].mean()), float(rate[live].mean())
-            slowest, iter_mean = float(comp[live].max()), float(it[live].mean())
-            mean_idle = float(idle_frac[live].mean())
-        else:
-            mean_b = mean_rate = slowest = iter_mean = 1.0
-            mean_idle = 0.0
-        raw = np.array(
+        n = len(live_list)
+        raw = self._raw
+        if raw.shape[0] != n:
+            raise ValueError(f"the report has {n} workers, the encoder's spec {raw.shape[0]}")
+
+        # (field, worker) rows; the six log inputs are transformed in place.
+        x = np.array(
             [
-                logs[0],
-                logs[1],
-                report.cpu_util,
-                report.mem_util,
-                logs[2],
-                logs[3],
-                idle_frac,
-                log_b,
-                report.batch_accuracy,
-                report.batch_accuracy - self._batch_acc[0],
-                logs[4],
-                logs[5],
-                comp / slowest,
-                log_b - math.log2(max(mean_b, 1e-12)),
-                np.log2(rate / max(mean_rate, 1e-12)),
-                self._log2_max - log_b,
-                log_b - self._log2_min,
-                report.gpu_util,
-                live,
-            ]
-        ).T
+                report.net_bytes_per_s,
+                report.tcp_retransmissions,
+                report.iteration_time_s,
+                report.compute_time_s,
+                report.grad_norm_mean,
+                report.grad_norm_var,
+                report.local_batch,
+                report.idle_time_s,
+            ],
+            dtype=np.float64,
+        )
+        inputs = x[:6]
+        self._log_mul[1, 0] = 1.0 / interval
+        inputs *= self._log_mul
+        inputs += self._log_add
+        np.maximum(inputs, self._log_floor, out=inputs)
+        logs = np.log10(inputs, out=self._logs)
+        it, comp, b = x[2], x[3], x[6]  # iteration and compute time floored at 1 ns
+        raw[:, 0:2] = logs[0:2].T
+        raw[:, 2] = report.cpu_util
+        raw[:, 3] = report.mem_util
+        raw[:, 4:6] = logs[2:4].T
+        idle_frac = np.divide(x[7], it, out=raw[:, 6])
+        log_b = np.log2(b, out=raw[:, 7])
+        raw[:, 8] = report.batch_accuracy
+        np.subtract(report.batch_accuracy, self._batch_acc[0], out=raw[:, 9])
+        raw[:, 10:12] = logs[4:6].T
+        rate = b / comp
+        raw[:, 17] = report.gpu_util
+        raw[:, 18] = live
+
+        if all_live:
+            mean_b, mean_rate = sum(b.tolist()) / n, sum(rate.tolist()) / n
+            slowest, iter_mean = max(comp.tolist()), sum(it.tolist()) / n
+            mean_idle, n_live = sum(idle_frac.tolist()) / n, n
+        else:
+            n_live = n - live_list.count(False)
+            if n_live:
+                mean_b, mean_rate = float(b[live].mean()), float(rate[live].mean())
+                slowest, iter_mean = float(comp[live].max()), float(it[live].mean())
+                mean_idle = float(idle_frac[live].mean())
+            else:
+                mean_b = mean_rate = slowest = iter_mean = 1.0
+                mean_idle = 0.0
+        np.divide(comp, slowest, out=raw[:, 12])
+        np.subtract(log_b, math.log2(max(mean_b, 1e-12)), out=raw[:, 13])
+        speed = np.log2(rate, out=rate)
+        np.subtract(speed, math.log2(max(mean_rate, 1e-12)), out=raw[:, 14])
+        np.subtract(self._log2_max, log_b, out=raw[:, 15])
+        np.subtract(log_b, self._log2_min, out=raw[:, 16])
         if not all_live:
             dead = ~live
-            raw[dead, 12] = 0.0
-            raw[dead, 14] = _W_LOW[14]
+            raw[dead, _W["idle_fraction"]] = 0.0
+            raw[dead, _W["compute_share"]] = 0.0
+            raw[dead, _W["speed_ratio"]] = _SPEED_RATIO_DEAD
 
         m = max(report.global_batch, 1)
-        bn = self.noise.noise_scale
         bn_value = bn if bn is not None else float(spec.base_batch)
-        glob = np.array(
-            [
-                report.val_accuracy,
-                report.val_loss / self._log_classes,
-                spec.target_accuracy - report.val_accuracy,
-                report.val_accuracy - self._val_acc[0],
-                math.log2(m),
-                math.log10(max(bn_value, 1.0)),
-                math.log2(max(bn_value, 1e-9) / m),
-                statistical_efficiency(bn_value, m, spec.base_batch),
-                report.wall_time_s / spec.time_budget_s,
-                min(report.comm_time_s / iter_mean, 1.0),
-                mean_idle,
-                math.log2(max(n_live, 1)),
-                math.log10(interval),
-            ]
+        self._flat[n * _FW :] = (
+            report.val_accuracy,
+            report.val_loss / self._log_classes,
+            spec.target_accuracy - report.val_accuracy,
+            report.val_accuracy - self._val_acc[0],
+            math.log2(m),
+            math.log10(max(bn_value, 1.0)),
+            math.log2(max(bn_value, 1e-9) / m),
+            statistical_efficiency(bn_value, m, spec.base_batch),
+            report.wall_time_s / spec.time_budget_s,
+            min(report.comm_time_s / iter_mean, 1.0),
+            mean_idle,
+            math.log2(max(n_live, 1)),
+            math.log10(interval),
         )
-        return (
-            _normalise(raw, _W_LOW, _W_HIGH, _W_SCALE, _W_OFFSET),
-            _normalise(glob, _G_LOW, _G_HIGH, _G_SCALE, _G_OFFSET),
-        )
+        # Clip each feature to its raw range and map it affinely onto [-1, 1].
+        flat = self._flat
+        np.maximum(flat, self._low, out=flat)
+        np.minimum(flat, self._high, out=flat)
+        flat *= self._scale
+        flat += self._offset
+        return flat.astype(np.float32)
 
-    @staticmethod
-    def centralise(worker: np.ndarray, glob: np.ndarray) -> np.ndarray:
-        return np.concatenate([worker.reshape(-1), glob]).astype(np.float32)
+    def update(self, report: IntervalReport) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`encode`, split into (worker features (N, Fw), global features (Fg,))."""
+        obs = self.encode(report)
+        n = self.spec.num_workers
+        return obs[: n * _FW].reshape(n, _FW), obs[n * _FW :]
 
     @staticmethod
     def per_worker(worker: np.ndarray, glob: np.ndarray) -> np.ndarray:
         """(N, Fw + Fg): each worker's own features followed by the shared global features."""
         n = worker.shape[0]
-        return np.concatenate([worker, np.broadcast_to(glob, (n, glob.shape[0]))], axis=1).astype(np.float32)
+        return np.concatenate([worker, np.broadcast_to(glob, (n, glob.shape[0]))], axis=1, dtype=np.float32)
 
 
 def split_centralised(obs: np.ndarray, num_workers: int) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import mul
+
 from sim.report import IntervalReport
 
 #: Upper bound on a reported noise-scale estimate (the estimate diverges when |G|^2 ~ 0).
@@ -17,7 +19,7 @@ def two_batch_estimates(report: IntervalReport) -> tuple[float, float] | None:
     Returns ``None`` when fewer than two distinct batch sizes were measured.
     """
     live = report.alive
-    if live.all():
+    if False not in live.tolist():
         b, y = report.local_batch, report.local_grad_sqr
     else:
         b, y = report.local_batch[live], report.local_grad_sqr[live]
@@ -25,18 +27,19 @@ def two_batch_estimates(report: IntervalReport) -> tuple[float, float] | None:
     if n == 0 or report.global_batch <= 0:
         return None
     # Weighted least squares of y on x = 1/B; the global point weighs as much as all local points
-    # together (it averages as many samples). Closed form with sums: this runs every interval.
-    x = 1.0 / b
+    # together (it averages as many samples). Closed form with sums over Python lists: this runs
+    # every interval on a handful of workers, where a numpy reduction costs more than the maths.
+    x, yl = (1.0 / b).tolist(), y.tolist()
     xg, yg = 1.0 / report.global_batch, float(report.global_grad_sqr)
-    sx, sy = float(x.sum()), float(y.sum())
+    sx, sy = sum(x), sum(yl)
     w = 2.0 * n
     xm = (sx + n * xg) / w
     ym = (sy + n * yg) / w
     # Centred sums via raw moments: sum (x - xm)^2 = sum x^2 - 2 xm sum x + n xm^2, etc.
-    sxx = float(x @ x) - 2.0 * xm * sx + n * xm * xm + n * (xg - xm) ** 2
+    sxx = sum(map(mul, x, x)) - 2.0 * xm * sx + n * xm * xm + n * (xg - xm) ** 2
     if sxx <= 1e-12 * max(xm * xm, 1e-300):
         return None
-    sxy = float(x @ y) - xm * sy - ym * sx + n * xm * ym + n * (xg - xm) * (yg - ym)
+    sxy = sum(map(mul, x, yl)) - xm * sy - ym * sx + n * xm * ym + n * (xg - xm) * (yg - ym)
     s = sxy / sxx
     return float(ym - s * xm), float(s)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from gymnasium import spaces
 
 from dynamix_gym.backend import Backend, IntervalReport
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import OBS_SCHEMA, ObservationEncoder
+from dynamix_gym.schema import OBS_SCHEMA, ObservationEncoder, split_centralised
 
 ACTION_MODES = ("delta", "absolute", "continuous")
 DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
@@ -228,14 +229,15 @@ class HeteroClusterEnv(gym.Env):
         n = self.num_workers
         if a.shape != (n,):
             raise ValueError(f"action must have shape ({n},) (one entry per worker), got shape {a.shape}")
+        # Range checks through Python lists: cheaper than numpy reductions on a few workers.
+        kind = a.dtype.kind
+        values = a.tolist()
         if self.action_mode == "delta":
-            kind = a.dtype.kind
-            ok = (kind in "iu" or (kind == "f" and bool((a == np.rint(a)).all()))) and (
-                a.min() >= 0 and a.max() < self.action_set.size
-            )
+            whole = kind in "iu" or (kind == "f" and all(math.isfinite(v) and v == int(v) for v in values))
+            ok = whole and min(values) >= 0 and max(values) < self.action_set.size
         else:
             box = self.action_space
-            ok = a.dtype.kind in "iuf" and bool((a >= box.low).all() and (a <= box.high).all())
+            ok = kind in "iuf" and bool((a >= box.low).all() and (a <= box.high).all())
         if not ok:
             raise ValueError(f"action {a.tolist()} is outside the action space {self.action_space}")
         spec = self.backend.spec
@@ -248,25 +250,26 @@ class HeteroClusterEnv(gym.Env):
                 np.int64
             )
         applied = np.minimum(np.maximum(requested, spec.min_batch), spec.max_batch)
+        req_list, app_list = requested.tolist(), applied.tolist()
         clipped = []
-        changed = applied != requested
-        if changed.any():
+        if req_list != app_list:
             clipped = [
-                {"worker": int(i), "requested": int(requested[i]), "applied": int(applied[i])}
-                for i in np.flatnonzero(changed)
+                {"worker": i, "requested": r, "applied": p}
+                for i, (r, p) in enumerate(zip(req_list, app_list, strict=True))
+                if r != p
             ]
         return applied, clipped
 
     def _observe(self, report: IntervalReport) -> None:
         self.last_report = report
-        self._worker_obs, self._global_obs = self.encoder.update(report)
+        self._obs_vec = self.encoder.encode(report)
 
     def _obs(self) -> np.ndarray:
-        return ObservationEncoder.centralise(self._worker_obs, self._global_obs)
+        return self._obs_vec.copy()
 
     def per_worker_observations(self) -> np.ndarray:
         """(N, Fw + Fg): the current observation as one row per worker (shared-policy form)."""
-        return ObservationEncoder.per_worker(self._worker_obs, self._global_obs)
+        return split_centralised(self._obs_vec, self.num_workers)
 
     def set_backend(self, backend: Backend) -> None:
         """Swap the backend between episodes (same number of workers; delta or continuous mode)."""

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from scipy import stats
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -142,10 +143,30 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
-def summarise(rows: list[tuple[float, float, float, float]]) -> dict:
+def _ratio_of_totals(tc: np.ndarray, tp: np.ndarray, axis: int = -1) -> np.ndarray:
+    return tc.sum(axis=axis) / tp.sum(axis=axis)
+
+
+def summarise(rows: list[tuple[float, float, float, float]], seed: int = 0) -> dict:
     arr = np.asarray(rows)
     tp, tc, over, th = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+    # Rounds are the unit of resampling (each pairs a plain and a controller segment run back to
+    # back), so the interval reflects the round-to-round load noise of the machine.
+    ci = (float("nan"), float("nan"))
+    if len(tp) >= 3:
+        boot = stats.bootstrap(
+            (tc, tp),
+            _ratio_of_totals,
+            paired=True,
+            vectorized=True,
+            n_resamples=2000,
+            confidence_level=0.95,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+        ci = (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
     return {
+        "ratio_total_ci95": list(ci),
         "plain_hook_s": th.tolist(),
         "ratio_vs_hook_total": float(tc.sum() / th.sum()),
         "plain_s": tp.tolist(),

@@ -84,7 +84,9 @@ def run(cfg: DictConfig) -> dict:
         print(f"{i:>5}{tp:>13.3f}{th:>15.3f}{tc:>19.3f}{tc / tp:>8.3f}{over:>19.4f}")
     print(
         f"ratio controller / plain DDP: median over rounds {result['ratio_median']:.4f}, "
-        f"fastest segments {result['ratio_min']:.4f}, total {result['ratio_total']:.4f}; "
+        f"fastest segments {result['ratio_min']:.4f}, total {result['ratio_total']:.4f} "
+        f"(95% bootstrap over rounds [{result['ratio_total_ci95'][0]:.4f}, "
+        f"{result['ratio_total_ci95'][1]:.4f}]); "
         f"vs DDP with a Python hook: {result['ratio_vs_hook_total']:.4f}; "
         f"controller's own measured time {100 * result['self_fraction']:.2f}% of training time"
     )

@@ -1,7 +1,9 @@
 """Sim-to-real fidelity of a calibrated cluster profile: how well the calibrated simulator predicts
 real training and ranks controllers.
 
-    python -m experiments.calibrate out_dir=results/fidelity/profile && python -m experiments.fidelity
+    python -m experiments.calibrate out_dir=results/fidelity/profile
+    python -m experiments.train experiment=train_profile run_dir=runs/profile   # PPO for this profile
+    python -m experiments.fidelity
 
 Three checks, all against the real DDP backend the profile was measured on:
 
@@ -9,10 +11,11 @@ Three checks, all against the real DDP backend the profile was measured on:
    predict the held-out batches (MdAPE per worker type); (b) predict, with no fitting at all, the
    step times of the real ranks run at the scenario's static worker speeds; (c) predict every
    interval the controllers ran on the real backend from its local batches and fault state.
-2. Time to accuracy. One fault scenario, every controller (static batches, DLB, REX, the
-   pretrained PPO bundle) on the real backend and in the calibrated simulator: per-controller
-   time-to-accuracy ratio sim / real, Kendall's tau between the two orderings (with a bootstrap
-   interval over the real seeds), and PPO's advantage over the best static batch in both.
+2. Time to accuracy. One fault scenario, every controller (static batches, DLB, REX, a PPO
+   policy pretrained on this profile, the headline bundle pretrained on CIFAR-10 clusters) on the
+   real backend and in the calibrated simulator: per-controller time-to-accuracy ratio sim / real,
+   Kendall's tau between the two orderings (with a bootstrap interval over the real seeds), and
+   PPO's advantage over the best static batch in both.
 3. Plots: predicted vs measured iteration times, sim vs real accuracy curves, time to accuracy.
 
 Writes ``report.md`` (the commands that regenerate it at its top), ``summary.json``, ``runs.csv``,
@@ -693,10 +696,11 @@ def report_markdown(s: dict[str, Any], table: pd.DataFrame, labels: Sequence[str
     lines = [
         "# Sim-to-real fidelity of the calibrated simulator",
         "",
-        "Regenerate (the first command measures and fits the profile, the second runs the comparison):",
+        "Regenerate (measure and fit the profile, pretrain a policy on it, run the comparison):",
         "",
         "```bash",
         s["commands"]["calibrate"],
+        *([s["commands"]["pretrain"]] if s["commands"].get("pretrain") else []),
         s["commands"]["fidelity"],
         "```",
         "",
@@ -978,6 +982,7 @@ def fidelity(cfg: DictConfig) -> float:
         "machine": f"{os.cpu_count()} CPU cores, no GPU",
         "commands": {
             "calibrate": str(prov.get("command", "python -m experiments.calibrate")),
+            "pretrain": str(cfg.ppo.get("command") or ""),
             "fidelity": COMMAND + _overrides_text(exclude=("reanalyse",)),
         },
         "loadavg": {

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from sim.calibration import ClusterProfile, load_profile
 from sim.cluster import mixed_cluster
-from sim.faults import get_scenario, scale_intensity
+from sim.faults import FaultWindow, get_scenario, scale_intensity
 from sim.validation import check_int, check_min_max, check_range
+
+
+@lru_cache(maxsize=8)
+def _profile(ref: str) -> ClusterProfile:
+    return load_profile(ref)
 
 
 @dataclass(frozen=True)
@@ -20,8 +28,14 @@ class DomainRandomization:
 
     Per episode: the T4 share of the cluster ~ U(t4_fraction) (the rest V100, with probability
     ``third_type_probability`` some RTX2080Ti too), each worker's static speed ~ exp(N(0, speed_sd)),
-    a scenario family from ``scenarios`` with its fault rates scaled by ~ U(intensity), and a
-    workload from ``workloads``.
+    a scenario family from ``scenarios`` with its fault rates scaled by ~ U(intensity), a workload
+    from ``workloads``, and 0 to ``throttle_windows`` scheduled throttling windows (a random worker
+    at speed x U(window_factor) from U(window_start_s) for U(window_duration_s) seconds).
+
+    With ``profile`` (a calibrated cluster profile, see ``python -m experiments.calibrate``) the
+    cluster, workload and fitted models are the profile's: ``workers`` must equal its worker count,
+    and ``t4_fraction``, ``third_type_probability`` and ``workloads`` are not used. Pretraining on a
+    profile is how a policy is prepared for the cluster that was measured.
     """
 
     workers: int = 8
@@ -31,6 +45,11 @@ class DomainRandomization:
     scenarios: tuple[str, ...] = ("static_hetero", "throttle", "jitter", "interference", "mixed")
     intensity: tuple[float, float] = (0.5, 2.0)
     workloads: tuple[str, ...] = ("cifar10",)
+    throttle_windows: int = 0
+    window_start_s: tuple[float, float] = (0.0, 600.0)
+    window_duration_s: tuple[float, float] = (10.0, 300.0)
+    window_factor: tuple[float, float] = (0.3, 0.8)
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -43,24 +62,68 @@ class DomainRandomization:
         check_range("domain.speed_sd", self.speed_sd, 0.0, 2.0)
         check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
+        check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
+        for name, low, high, low_open in (
+            ("window_start_s", 0.0, 1e9, False),
+            ("window_duration_s", 0.0, 1e9, True),
+            ("window_factor", 0.0, 1.0, True),
+        ):
+            pair = getattr(self, name)
+            if len(pair) != 2:
+                raise ValueError(f"domain.{name} must be a [low, high] pair, got {pair!r}")
+            for i, v in enumerate(pair):
+                check_range(f"domain.{name}[{i}]", v, low, high, low_open=low_open)
+            check_min_max(f"domain.{name}[0]", pair[0], f"domain.{name}[1]", pair[1])
         if not self.scenarios or not self.workloads:
             raise ValueError("domain.scenarios and domain.workloads must not be empty")
         for name in self.scenarios:
             get_scenario(name)
+        if self.profile is not None:
+            size = self.profile_spec().cluster.num_workers
+            if self.workers != size:
+                raise ValueError(
+                    f"domain.workers is {self.workers} but profile {self.profile!r} measured a cluster "
+                    f"of {size} workers; train on cluster_sizes of {size}"
+                )
+
+    def profile_spec(self) -> ClusterProfile:
+        """The loaded profile (cached per path)."""
+        if self.profile is None:
+            raise ValueError("this domain has no profile")
+        return _profile(str(Path(self.profile)) if Path(self.profile).exists() else self.profile)
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         n = self.workers
-        n_t4 = int(np.clip(round(n * rng.uniform(*self.t4_fraction)), 1, n - 1))
-        counts = {"T4": n_t4, "V100": n - n_t4}
-        if n - n_t4 >= 2 and rng.random() < self.third_type_probability:
-            k = int(rng.integers(1, n - n_t4))
-            counts = {"T4": n_t4, "V100": n - n_t4 - k, "RTX2080Ti": k}
-        cluster = mixed_cluster(counts)
+        if self.profile is None:
+            n_t4 = int(np.clip(round(n * rng.uniform(*self.t4_fraction)), 1, n - 1))
+            counts = {"T4": n_t4, "V100": n - n_t4}
+            if n - n_t4 >= 2 and rng.random() < self.third_type_probability:
+                k = int(rng.integers(1, n - n_t4))
+                counts = {"T4": n_t4, "V100": n - n_t4 - k, "RTX2080Ti": k}
+            cluster = mixed_cluster(counts)
         family = self.scenarios[int(rng.integers(len(self.scenarios)))]
         factor = float(rng.uniform(*self.intensity))
         speed = tuple(float(x) for x in np.exp(self.speed_sd * rng.standard_normal(n)))
-        scenario = replace(scale_intensity(get_scenario(family), factor), worker_speed=speed)
-        workload = self.workloads[int(rng.integers(len(self.workloads)))]
+        if self.profile is None:
+            workload = self.workloads[int(rng.integers(len(self.workloads)))]
+        windows = tuple(
+            FaultWindow(
+                kind="throttle",
+                start_s=float(rng.uniform(*self.window_start_s)),
+                duration_s=float(rng.uniform(*self.window_duration_s)),
+                worker=int(rng.integers(n)),
+                factor=float(rng.uniform(*self.window_factor)),
+            )
+            for _ in range(int(rng.integers(self.throttle_windows + 1)) if self.throttle_windows else 0)
+        )
+        base = scale_intensity(get_scenario(family), factor)
+        scenario = replace(base, worker_speed=speed, windows=base.windows + windows)
+        if self.profile is not None:
+            prof = self.profile_spec()
+            cv = (prof.meta.get("measured") or {}).get("compute_noise_cv")
+            if cv is not None:  # the measured per-iteration spread of this cluster
+                scenario = replace(scenario, compute_noise_cv=float(min(max(cv, 0.0), 1.0)))
+            return {"cluster": prof.cluster, "scenario": scenario, "workload": prof.workload, "profile": prof}
         return {"cluster": cluster, "scenario": scenario, "workload": workload}
 
 
@@ -93,6 +156,6 @@ class RandomizedClusterEnv(HeteroClusterEnv):
         info["domain"] = {
             "cluster": self.episode_config["cluster"].name,
             "scenario": self.episode_config["scenario"].name,
-            "workload": self.episode_config["workload"],
+            "workload": getattr(self.episode_config["workload"], "name", self.episode_config["workload"]),
         }
         return obs, info

@@ -126,3 +126,21 @@ def test_lr_rules_are_the_simulators():
     from sim.convergence import LR_RULES as SIM_RULES
 
     assert LR_RULES == SIM_RULES
+
+
+def test_overhead_summary_ratio_and_bootstrap_interval():
+    from adapters.bench import summarise
+
+    rng = np.random.default_rng(0)
+    plain = rng.uniform(0.7, 0.9, 40)
+    rows = [(tp, tp * 1.03, 0.01, tp) for tp in plain]  # controller exactly 3% slower every round
+    out = summarise(rows)
+    assert out["ratio_total"] == pytest.approx(1.03)
+    assert out["ratio_median"] == pytest.approx(1.03)
+    low, high = out["ratio_total_ci95"]
+    assert low == pytest.approx(1.03) and high == pytest.approx(1.03)
+    noisy = [(tp, tp * rng.uniform(0.9, 1.2), 0.01, tp) for tp in plain]
+    low, high = summarise(noisy)["ratio_total_ci95"]
+    total = summarise(noisy)["ratio_total"]
+    assert low < total < high and high - low > 0.02
+    assert summarise(noisy) == summarise(noisy)  # seeded resampling

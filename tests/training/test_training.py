@@ -114,3 +114,70 @@ def test_schema_and_action_set_mismatches_are_refused(tmp_path):
         run_episode(env, controller, seed=0)
     with pytest.raises(FileNotFoundError, match=r"bundle\.json"):
         load_bundle(tmp_path)
+
+
+FIDELITY_PROFILE = Path(__file__).resolve().parents[2] / "results" / "fidelity" / "profile"
+PROFILE_DOMAIN = {
+    "profile": str(FIDELITY_PROFILE),
+    "scenarios": ["static_hetero"],
+    "speed_sd": 0.5,
+    "throttle_windows": 2,
+    "window_start_s": [0.0, 10.0],
+    "window_duration_s": [1.0, 5.0],
+    "window_factor": [0.3, 0.8],
+}
+
+
+def test_profile_domain_draws_the_profiled_cluster_with_random_speeds_and_windows():
+    from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+
+    dom = DomainRandomization(workers=2, **PROFILE_DOMAIN)
+    rng = np.random.default_rng(0)
+    draws = [dom.sample(rng) for _ in range(200)]
+    assert {d["cluster"].gpu_types for d in draws} == {("cpu", "cpu")}
+    assert {d["workload"].name for d in draws} == {"mnist_cnn"}
+    speeds = np.array([d["scenario"].worker_speed for d in draws])
+    assert speeds.shape == (200, 2) and np.std(np.log(speeds)) == pytest.approx(0.5, rel=0.15)
+    counts = [len(d["scenario"].windows) for d in draws]
+    assert set(counts) == {0, 1, 2}
+    for w in (w for d in draws for w in d["scenario"].windows):
+        assert w.kind == "throttle" and 0 <= w.start_s <= 10 and 1 <= w.duration_s <= 5
+        assert 0.3 <= w.factor <= 0.8 and w.worker in (0, 1)
+    env = RandomizedClusterEnv(domain=dom)
+    _, info = env.reset(seed=5)
+    assert info["domain"]["workload"] == "mnist_cnn" and env.backend.spec.gpu_types == ("cpu", "cpu")
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"workers": 4}, r"domain.workers is 4 .* 2 workers"),
+        ({"window_factor": [0.5, 1.5]}, r"domain.window_factor\[1\]"),
+        ({"window_start_s": [5.0, 1.0]}, r"domain.window_start_s"),
+        ({"throttle_windows": -1}, r"domain.throttle_windows"),
+    ],
+)
+def test_profile_domain_bad_input_names_the_field(overrides, match):
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    with pytest.raises(ValueError, match=match):
+        DomainRandomization(**{"workers": 2, **PROFILE_DOMAIN, **overrides})
+
+
+def test_pretraining_on_a_calibrated_profile_validates_on_domain_draws(tmp_path):
+    cfg = tiny(
+        tmp_path,
+        total_timesteps=600,
+        cluster_sizes=(2, 2),
+        domain=PROFILE_DOMAIN,
+        env={"interval": 20, "reward": {"kind": "time"}},
+        eval_scenarios=("domain",),
+        eval_workers=2,
+    )
+    result = train(cfg)
+    tta = load_bundle(result["best_bundle"]).meta.metadata["validation_tta_s"]
+    assert set(tta) == {"domain"} and 0 < tta["domain"] < 240  # profile's budget is 120 s
+    env = HeteroClusterEnv(profile=FIDELITY_PROFILE, interval=20)
+    res = run_episode(env, PPOController(result["best_bundle"]), seed=0, scenario="profile")
+    assert res.summary["decisions"] >= 1 and env.backend.spec.gpu_types == ("cpu", "cpu")

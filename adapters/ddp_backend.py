@@ -427,7 +427,6 @@ class DDPBackend:
         compute = np.stack([r["compute_s"] for r in replies])  # (N, K)
         wait = np.stack([r["wait_s"] for r in replies])
         iters = np.stack([r["iter_s"] for r in replies])
-        injected = np.stack([r["injected_s"] for r in replies])
         live_compute = np.where(alive[:, None], compute, 0.0)
         slowest = live_compute.max(axis=0)  # (K,)
         idle = np.where(alive[:, None], np.maximum(slowest[None, :] - compute, 0.0), 0.0)
@@ -459,9 +458,8 @@ class DDPBackend:
             tcp_retransmissions=np.full(n, retrans / n),
             cpu_util=np.array([r["cpu_util"] for r in replies]),
             mem_util=np.array([r["mem_util"] for r in replies]),
-            gpu_util=np.clip(
-                ((compute - injected).sum(axis=1)) / np.maximum(iters.sum(axis=1), 1e-12), 0.0, 1.0
-            ),
+            # Device busy: local compute including emulated slowness (a slower device computes longer).
+            gpu_util=np.clip(compute.sum(axis=1) / np.maximum(iters.sum(axis=1), 1e-12), 0.0, 1.0),
             gpu_mem_util=np.array([r["gpu_mem_util"] for r in replies]),
             batch_accuracy=np.array([r["correct"] for r in replies]) / denom,
             batch_loss=loss_sums / denom,

@@ -65,11 +65,13 @@ class ProcessMeter:
         self._cpu = t.user + t.system
         self._wall = time.perf_counter()
 
-    def read(self) -> tuple[float, float]:
+    def read(self, extra_busy_s: float = 0.0) -> tuple[float, float]:
         """(cpu_util, mem_util) since the last :meth:`mark`: CPU seconds / wall seconds (clipped to
-        [0, 1]) and resident memory / this rank's share of host memory."""
+        [0, 1]) and resident memory / this rank's share of host memory. ``extra_busy_s`` counts as
+        CPU time: an emulated slower CPU device sleeps for its extra compute, which a slower device
+        would have spent computing."""
         t = self.proc.cpu_times()
-        cpu = t.user + t.system
+        cpu = t.user + t.system + extra_busy_s
         wall = max(time.perf_counter() - self._wall, 1e-9)
         cpu_util = min(max((cpu - self._cpu) / wall, 0.0), 1.0)
         mem_util = min(self.proc.memory_info().rss / (self.total_mem / self.ranks_on_host), 1.0)

@@ -281,7 +281,9 @@ class DynamixController:
         local and all-reduced gradient norms and do DDP's all-reduce (one flat bucket)."""
         if not self._measuring:
             if self.slowdown > 1.0:  # emulated slow device: as slow as last measured
-                time.sleep((self.slowdown - 1.0) * self._compute_est)
+                extra = (self.slowdown - 1.0) * self._compute_est
+                time.sleep(extra)
+                self._injected += extra
             return
         if self.cuda:
             torch.cuda.synchronize()
@@ -294,6 +296,7 @@ class DynamixController:
         if self.slowdown > 1.0:
             injected = (self.slowdown - 1.0) * compute
             time.sleep(injected)
+            self._injected += injected
         t_sent = time.perf_counter()
         flat.div_(self.world)
         dist.all_reduce(flat)
@@ -312,7 +315,7 @@ class DynamixController:
         self._compute_est = compute
         self._compute[j] = compute + injected
         self._wait[j] = t_reduced - t_sent
-        self._busy += compute
+        self._busy += compute + injected  # an emulated slower device is busy for longer
         self._local_sqr[j] = local_sqr * self._to_local
         self._global_sqr[j] = float(torch.dot(flat, flat))
         self._m += 1
@@ -354,6 +357,7 @@ class DynamixController:
         self._local_sqr = np.zeros(k)
         self._global_sqr = np.zeros(k)
         self._busy = 0.0
+        self._injected = 0.0  # emulated slowness slept this interval (busy time of a slower device)
         self._losses: list[Any] = []
         self._corrects: list[Any] = []
         self._t_interval = time.perf_counter()
@@ -375,7 +379,7 @@ class DynamixController:
         k = self.interval
         val_acc, val_loss = self.evaluate() if self.evaluate is not None else (math.nan, math.nan)
         t_eval = time.perf_counter() - t0
-        cpu, mem = self.meter.read()
+        cpu, mem = self.meter.read(extra_busy_s=0.0 if self.cuda else self._injected)
         seconds, sent, retrans = self._snap.delta(HostSnapshot.take())
         m = max(self._m, 1)
         local_sqr, global_sqr = self._local_sqr[:m], self._global_sqr[:m]

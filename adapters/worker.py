@@ -257,7 +257,9 @@ class Trainer:
             injected[k] = stats.injected_s
             local_sqr[k] = stats.local_sqr * to_local
             global_sqr[k] = stats.global_sqr
-        cpu_util, mem_util = self.meter.read()
+        # Emulated slowness is time the (slower) device spends computing: on a CPU device that is
+        # CPU time (the simulator's counters for a profile measured on CPUs count it so too).
+        cpu_util, mem_util = self.meter.read(extra_busy_s=0.0 if self.cuda else float(injected.sum()))
         reply: dict[str, Any] = {
             "batches": b_all.tolist(),
             "oom": oom,

@@ -55,7 +55,7 @@ MEASUREMENTS_FILE = "measurements.csv"
 #: Where a profile given by name (not a path) is looked up.
 PROFILES_DIR = "profiles"
 #: ``simulator`` settings a profile may carry (Simulator keyword arguments).
-SIMULATOR_KEYS = ("reconfig_delay_s", "interval_overhead_s", "min_batch")
+SIMULATOR_KEYS = ("reconfig_delay_s", "interval_overhead_s", "min_batch", "compute_on_host")
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,6 +131,15 @@ class ClusterProfile(ModelTables):
             self.comm_params(gpu, wl.app)
             self.gpu_memory_gib(gpu)
         self.convergence_params(wl.convergence)
+
+    @property
+    def compute_on_host(self) -> bool:
+        """Whether the profiled workers computed on the host CPU (no accelerator): then their
+        compute is CPU time. The ``compute_on_host`` simulator setting, else the measured device."""
+        if "compute_on_host" in self.simulator:
+            return bool(self.simulator["compute_on_host"])
+        real = (self.meta.get("provenance") or {}).get("real_config") or {}
+        return str(real.get("device", "")) == "cpu"
 
     def _where(self) -> str:
         return f"profile {self.name!r}" + (f" ({self.path})" if self.path else "")

@@ -90,6 +90,9 @@ class Simulator:
     ) -> None:
         prof = load_profile(profile) if profile is not None else None
         self.profile = prof
+        #: workers compute on the host CPU (a profile measured without accelerators): their compute
+        #: time is CPU time in the utilisation counters
+        self.compute_on_host = prof.compute_on_host if prof is not None else False
         models = prof if prof is not None else SHIPPED_MODELS
         if cluster is None:
             cluster = prof.cluster if prof is not None else "t4v100"
@@ -370,7 +373,8 @@ class Simulator:
         samples_per_s = b * acc.iters_alive / wall
         net = acc.bytes_sent / wall * meas[1]
         retrans = rng.poisson(acc.retrans_expected).astype(np.float64)
-        cpu_util = np.clip((acc.host_busy + acc.cpu_load) / train_time * meas[2], 0.0, 1.0)
+        host_busy = acc.host_busy + acc.gpu_busy if self.compute_on_host else acc.host_busy
+        cpu_util = np.clip((host_busy + acc.cpu_load) / train_time * meas[2], 0.0, 1.0)
         gpu_util = np.clip(acc.gpu_busy / train_time * meas[3], 0.0, 1.0)
         mem_util = np.clip((self._host_mem_fixed + self._host_mem_per_sample * b) * meas[4], 0.0, 1.0)
         gpu_mem_util = np.clip(self._gpu_mem_fixed + self._gpu_mem_per_sample * b, 0.0, 1.0)

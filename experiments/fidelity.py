@@ -685,6 +685,12 @@ STRUCTURAL = [
     "do not reproduce. The convergence model is fitted to static-batch curves only: a schedule that moves "
     "the batch relies on its progress (AdaScale gain) and batch-memory assumptions, and its ceiling / "
     "stretch are power laws in the batch that the measured curves follow only roughly.",
+    "Utilisation counters: a profile measured on CPUs counts the workers' compute as CPU time, and both "
+    "backends count an emulated slow-down as busy time, so CPU and device utilisation mean the same in "
+    "both; host memory is not calibrated (the simulator assumes a 3 GiB process baseline, the CPU ranks "
+    "use a fraction of that). `python -m experiments.obs_gap` ranks the observation features by how much "
+    "they differ between the two backends (results/fidelity/observation_gap.md): memory, then early "
+    "validation accuracy (the real curve rises faster at first) lead.",
 ]
 
 

@@ -211,6 +211,10 @@ class ObservationEncoder:
                 report.grad_norm_var,
                 report.local_batch,
                 report.idle_time_s,
+                report.cpu_util,
+                report.mem_util,
+                report.gpu_util,
+                live,
             ],
             dtype=np.float64,
         )
@@ -222,8 +226,7 @@ class ObservationEncoder:
         logs = np.log10(inputs, out=self._logs)
         it, comp, b = x[2], x[3], x[6]  # iteration and compute time floored at 1 ns
         raw[:, 0:2] = logs[0:2].T
-        raw[:, 2] = report.cpu_util
-        raw[:, 3] = report.mem_util
+        raw[:, 2:4] = x[8:10].T  # cpu, memory
         raw[:, 4:6] = logs[2:4].T
         idle_frac = np.divide(x[7], it, out=raw[:, 6])
         log_b = np.log2(b, out=raw[:, 7])
@@ -231,8 +234,7 @@ class ObservationEncoder:
         np.subtract(report.batch_accuracy, self._batch_acc[0], out=raw[:, 9])
         raw[:, 10:12] = logs[4:6].T
         rate = b / comp
-        raw[:, 17] = report.gpu_util
-        raw[:, 18] = live
+        raw[:, 17:19] = x[10:12].T  # device busy, alive
 
         if all_live:
             mean_b, mean_rate = sum(b.tolist()) / n, sum(rate.tolist()) / n

@@ -14,42 +14,23 @@ last ``keep`` are deleted after the pointer moves.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sim.datafiles import atomic_write
+
 LATEST = "latest.json"
 
 
-def _atomic_write(path: str | Path, mode: str, write: Callable[[Any], None]) -> Path:
-    """Write through ``write(fh)`` to a temporary file beside ``path``, fsync, then rename: a
-    crash leaves the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
-    return _atomic_write(path, "wb", lambda fh: torch.save(obj, fh))
+    return atomic_write(path, lambda fh: torch.save(obj, fh), mode="wb")
 
 
 def _atomic_write_json(path: Path, obj: dict) -> None:
-    _atomic_write(path, "w", lambda fh: json.dump(obj, fh))
+    atomic_write(path, lambda fh: json.dump(obj, fh))
 
 
 def checkpoint_path(root: str | Path, interval: int) -> Path:

@@ -17,7 +17,6 @@ Returns the held-out step-time MdAPE (pooled over worker types).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -30,9 +29,9 @@ import hydra
 import numpy as np
 import pandas as pd
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-import sim
+from experiments.common import atomic_write_text, describe_file, plain, shown
 from sim.calibration import (
     ADDITIVE_RULE,
     MEASUREMENTS_FILE,
@@ -45,7 +44,6 @@ from sim.calibration import (
     fit_models,
     holdout_errors,
     write_profile,
-    write_text_atomic,
 )
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.datafiles import data_path
@@ -57,24 +55,12 @@ from sim.workloads import WORKLOADS, Workload
 log = logging.getLogger(__name__)
 
 COMMAND = "python -m experiments.calibrate"
-REPO_ROOT = Path(sim.__file__).resolve().parent.parent
-
-
-def plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def out_dir_of(cfg: DictConfig) -> Path:
     if cfg.get("out_dir"):
         return Path(to_absolute_path(str(cfg.out_dir)))
     return data_path(PROFILES_DIR) / str(cfg.name)
-
-
-def shown(path: Path) -> str:
-    try:
-        return path.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return str(path.resolve())
 
 
 def loadavg() -> list[float]:
@@ -188,7 +174,7 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
         "provenance": {
             "command": f"{COMMAND} profile={cfg.profile}",
             "mode": "table",
-            "source": {"path": shown(src), "sha256": hashlib.sha256(src.read_bytes()).hexdigest()},
+            "source": describe_file(src),
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
         "calibration": {
@@ -208,7 +194,7 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
         meta=meta,
         model_extras=fit["extras"],
     )
-    write_text_atomic(out / MEASUREMENTS_FILE, table.to_csv(index=False))
+    atomic_write_text(out / MEASUREMENTS_FILE, table.to_csv(index=False))
     return {"profile": profile, "fit": fit, "notes": notes}
 
 
@@ -461,15 +447,15 @@ def calibrate_real(cfg: DictConfig, out: Path) -> dict[str, Any]:
         meta=meta,
         model_extras=fit["extras"],
     )
-    write_text_atomic(out / MEASUREMENTS_FILE, table.to_csv(index=False))
-    write_text_atomic(out / "ladder_intervals.csv", pd.DataFrame(ladder.intervals).to_csv(index=False))
+    atomic_write_text(out / MEASUREMENTS_FILE, table.to_csv(index=False))
+    atomic_write_text(out / "ladder_intervals.csv", pd.DataFrame(ladder.intervals).to_csv(index=False))
     if runs:
         curve_rows = [
             {"local_batch": r.local_batch, "global_batch": r.global_batch, "seed": r.seed, **x}
             for r in runs
             for x in r.rows
         ]
-        write_text_atomic(out / "curves.csv", pd.DataFrame(curve_rows).to_csv(index=False))
+        atomic_write_text(out / "curves.csv", pd.DataFrame(curve_rows).to_csv(index=False))
     return {"profile": profile, "fit": fit, "notes": notes, "ladder": ladder, "overheads": overheads}
 
 
@@ -592,8 +578,8 @@ def calibrate(cfg: DictConfig) -> float:
     out = out_dir_of(cfg)
     result = calibrate_from_table(cfg, out) if cfg.get("profile") else calibrate_real(cfg, out)
     profile, fit = result["profile"], result["fit"]
-    write_text_atomic(out / "calibration.md", report_markdown(profile, fit, result["notes"]))
-    write_text_atomic(
+    atomic_write_text(out / "calibration.md", report_markdown(profile, fit, result["notes"]))
+    atomic_write_text(
         out / "calibration.json",
         dump_json(
             {

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import hashlib
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+import sim
+from sim.datafiles import atomic_write_text
+
+__all__ = ["REPO_ROOT", "atomic_write_text", "describe_file", "plain", "shown"]
+
+REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``, so a
-    reader never sees a half-written file and an interrupted run leaves the old file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def plain(node: Any) -> Any:
+    """A Hydra/OmegaConf node as plain Python containers (anything else unchanged)."""
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def shown(path: str | Path) -> str:
+    """``path`` relative to the repository when inside it (for reports), else absolute."""
+    resolved = Path(path).resolve()
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        return resolved.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def describe_file(path: str | Path) -> dict[str, str]:
+    """Where a source file is (see :func:`shown`) and its SHA-256, for provenance records."""
+    return {"path": shown(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}

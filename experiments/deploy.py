@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
 from adapters.torchrun import resolve_policy
 from dynamix_gym.evaluation import run_episode
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, plain
 from experiments.evaluate import COLUMNS, append_csv_row, build_specs, controller_label, make_env
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,7 @@ class ResumableController:
 
 def make_controller(cfg: DictConfig) -> Any:
     if cfg.get("policy"):
-        node = cfg.get("policy_kwargs")
-        kwargs = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-        return resolve_policy(str(cfg.policy), **kwargs)
+        return resolve_policy(str(cfg.policy), **(plain(cfg.get("policy_kwargs")) or {}))
     if cfg.get("controller") is None:
         raise ValueError(
             "give controller=<name> (conf/controller/<name>.yaml) or policy=<name or bundle path>"

@@ -34,12 +34,12 @@ import hydra
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
 from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
 from dynamix_gym.reward import RewardConfig
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, plain
 from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,6 @@ COLUMNS: tuple[str, ...] = SUMMARY_COLUMNS + EXTRA_COLUMNS
 def build_specs(cfg: DictConfig) -> dict[str, Any]:
     """The cluster, workload, scenario and reward of ``cfg`` as the simulator's and env's specs."""
 
-    def plain(node: DictConfig) -> dict[str, Any]:
-        return OmegaConf.to_container(node, resolve=True)
-
     return {
         "cluster": cluster_from_dict(plain(cfg.cluster)),
         "workload": workload_from_dict(plain(cfg.workload)),
@@ -66,7 +63,7 @@ def build_specs(cfg: DictConfig) -> dict[str, Any]:
 def make_env(cfg: DictConfig, action_mode: str, specs: dict[str, Any] | None = None):
     """The env of ``cfg.backend`` over ``specs`` (default: :func:`build_specs`), in ``action_mode``."""
     factory = instantiate(cfg.backend)
-    env_kwargs = OmegaConf.to_container(cfg.env, resolve=True)
+    env_kwargs = plain(cfg.env)
     return factory(**(specs or build_specs(cfg)), action_mode=action_mode, **env_kwargs)
 
 

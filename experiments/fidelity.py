@@ -36,10 +36,9 @@ import hydra
 import numpy as np
 import pandas as pd
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-import sim
 from dynamix_gym.bundle import PPOController
 from dynamix_gym.calibration import (
     IterationPredictor,
@@ -53,6 +52,7 @@ from dynamix_gym.calibration import (
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
+from experiments.common import atomic_write_text, plain, shown
 from experiments.evaluate import controller_label
 from sim.calibration import (
     MEASUREMENTS_FILE,
@@ -60,7 +60,6 @@ from sim.calibration import (
     dump_json,
     holdout_errors,
     load_profile,
-    write_text_atomic,
 )
 from sim.faults import FaultWindow, Scenario
 from sim.fitting import read_profile_table
@@ -68,20 +67,6 @@ from sim.fitting import read_profile_table
 log = logging.getLogger(__name__)
 
 COMMAND = "python -m experiments.fidelity"
-REPO_ROOT = Path(sim.__file__).resolve().parent.parent
-
-
-def plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
-def shown(path: Path | str) -> str:
-    try:
-        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return str(Path(path).resolve())
-
-
 # --------------------------------------------------------------------------------------------
 # Setup: scenario, controllers, envs
 # --------------------------------------------------------------------------------------------
@@ -916,9 +901,9 @@ def measure(
 
 
 def save_measurements(out: Path, m: dict[str, Any]) -> None:
-    write_text_atomic(out / "runs.csv", m["runs"].to_csv(index=False))
-    write_text_atomic(out / "timelines.csv", m["timelines"].to_csv(index=False))
-    write_text_atomic(
+    atomic_write_text(out / "runs.csv", m["runs"].to_csv(index=False))
+    atomic_write_text(out / "timelines.csv", m["timelines"].to_csv(index=False))
+    atomic_write_text(
         out / "measured.json", dump_json({"speed_ladder": m["speed"], "conditions": m["conditions"]})
     )
 
@@ -1087,10 +1072,10 @@ def fidelity(cfg: DictConfig) -> float:
         out / "accuracy_curves.png", timelines, labels, profile.workload.target_accuracy, sim_show=3
     )
     plot_tta(out / "tta.png", table_tta, runs_df, labels, rank)
-    write_text_atomic(out / "summary.json", dump_json(s))
-    write_text_atomic(out / "tta_table.csv", table_tta.to_csv(index=False))
-    write_text_atomic(out / "intervals.csv", intervals.to_csv(index=False))
-    write_text_atomic(out / "report.md", report_markdown(s, table_tta, labels))
+    atomic_write_text(out / "summary.json", dump_json(s))
+    atomic_write_text(out / "tta_table.csv", table_tta.to_csv(index=False))
+    atomic_write_text(out / "intervals.csv", intervals.to_csv(index=False))
+    atomic_write_text(out / "report.md", report_markdown(s, table_tta, labels))
     log.info(
         "fidelity report written to %s: tau %.2f, iteration-time MdAPE %s",
         shown(out),

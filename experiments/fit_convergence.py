@@ -10,7 +10,6 @@ Deterministic: a rerun on the same inputs gives the same JSON files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -24,7 +23,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 import sim
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, describe_file
 from sim.cluster import default_cluster
 from sim.convergence import CONVERGENCE_MODELS_FILE, LR_RULES, ConvergenceModel
 from sim.datafiles import data_path
@@ -50,7 +49,6 @@ from sim.workloads import get_workload
 log = logging.getLogger(__name__)
 
 COMMAND = "python -m experiments.fit_convergence"
-REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 EQUATION = (
     "B_noise(p) = M0 * exp(PCHIP(log_grad_var - log_grad_sqr)(p)); "
     "E = (B_noise + M0) / (B_noise + M); r_ada = (M / M0) * E; "
@@ -79,14 +77,6 @@ def rounded(value: Any, digits: int = 10) -> Any:
 
 def dump_json(doc: dict[str, Any], digits: int = 10) -> str:
     return json.dumps(rounded(doc, digits), indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-
-def describe(path: Path) -> dict[str, str]:
-    try:
-        shown = path.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        shown = str(path.resolve())
-    return {"path": shown, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def model_entry(fit: AppFit | TradeoffFit, diagnostics: dict[str, Any]) -> dict[str, Any]:
@@ -344,7 +334,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
         "borrow": cfg.tradeoff_borrow,
         "progress_scale": progress_scale,
         "peak_tolerance": peak_tol,
-        "source": describe(tradeoff_path),
+        "source": describe_file(tradeoff_path),
         "params": {k: v for k, v in asdict(trade.params).items() if not isinstance(v, tuple)},
         "rows": trade.rows,
         "best_static": trade.best_static,
@@ -375,7 +365,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
     ]
     summ = {
         "command": COMMAND,
-        "traces": describe(traces_path),
+        "traces": describe_file(traces_path),
         "equation": EQUATION,
         "choices": choices,
         "apps": app_summaries,
@@ -397,7 +387,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
     models.sort(key=lambda m: m["name"])
     doc = {
         "generated_by": COMMAND,
-        "source": {"traces": describe(traces_path), "tradeoff": describe(tradeoff_path)},
+        "source": {"traces": describe_file(traces_path), "tradeoff": describe_file(tradeoff_path)},
         "equation": EQUATION,
         "models": models,
     }

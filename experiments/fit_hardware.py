@@ -11,12 +11,9 @@ deterministic: a rerun on the same table gives byte-identical files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 import sim
+from experiments.common import atomic_write_text, describe_file
 from sim.datafiles import data_path
 from sim.fitting import (
     COMM_EQUATION,
@@ -48,7 +46,6 @@ log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.fit_hardware"
 REPORT_MD = "hardware_fit.md"
 REPORT_JSON = "hardware_fit.json"
-REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 #: A pair is flagged in the report when its median over placements of step - sync differs from
 #: its one-GPU step time by more than SINGLE_GPU_FLAG (median over batches) or by more than
 #: SINGLE_GPU_FLAG_ANY at any one batch.
@@ -86,32 +83,8 @@ def rounded(value: Any, digits: int = 6) -> Any:
     return value
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are ordinary shared files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def dump_json(doc: dict[str, Any]) -> str:
     return json.dumps(rounded(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-
-def describe_source(profile: Path) -> dict[str, str]:
-    """Repo-relative path (absolute outside the repo) and SHA-256 of the profile table."""
-    try:
-        shown = profile.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        shown = str(profile.resolve())
-    digest = hashlib.sha256(profile.read_bytes()).hexdigest()
-    return {"path": shown, "sha256": digest}
 
 
 def per_batch(errors: dict[int, float]) -> list[list[float]]:
@@ -413,7 +386,7 @@ def fit_hardware(
     table = read_profile_table(profile)
     computes, comms, diagnostics = fit_all(table, host_floor_pairs)
     comm_by_pair = {(c.gpu, c.app): c for c in comms}
-    source = describe_source(profile)
+    source = describe_file(profile)
 
     compute_doc = {
         "generated_by": COMMAND,
@@ -500,10 +473,10 @@ def fit_hardware(
     summary = json.loads(dump_json(summary))
     summary["data_caveats"] = data_caveats(table, summary["pairs"], list(host_floor_pairs))
 
-    write_atomic(out_dir / COMPUTE_MODELS_FILE, dump_json(compute_doc))
-    write_atomic(out_dir / COMM_MODELS_FILE, dump_json(comm_doc))
-    write_atomic(report_dir / REPORT_JSON, dump_json(summary))
-    write_atomic(report_dir / REPORT_MD, render_markdown(summary))
+    atomic_write_text(out_dir / COMPUTE_MODELS_FILE, dump_json(compute_doc))
+    atomic_write_text(out_dir / COMM_MODELS_FILE, dump_json(comm_doc))
+    atomic_write_text(report_dir / REPORT_JSON, dump_json(summary))
+    atomic_write_text(report_dir / REPORT_MD, render_markdown(summary))
     log.info("wrote %s, %s to %s", COMPUTE_MODELS_FILE, COMM_MODELS_FILE, out_dir)
     log.info("wrote %s, %s to %s", REPORT_MD, REPORT_JSON, report_dir)
     if misses:

@@ -22,26 +22,24 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from dynamix_gym import OBS_SCHEMA
-from dynamix_gym.controllers.registry import make_controller
+from dynamix_gym.controllers.base import Controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.schema import split_centralised
-from experiments.common import atomic_write_text
-from experiments.fidelity import RealEnvs, build_scenario, sim_env
+from experiments.common import atomic_write_text, plain
+from experiments.fidelity import RealEnvs, build_controller, build_scenario, sim_env
 from sim.calibration import load_profile
 
 log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.obs_gap"
 
 
-def rollout(env: HeteroClusterEnv, cfg: DictConfig, seed: int) -> np.ndarray:
+def rollout(env: HeteroClusterEnv, ctl: Controller, steps: int, seed: int) -> np.ndarray:
     """(intervals, workers, features) per-worker observation rows of one episode."""
-    c = cfg.controller
-    ctl = make_controller(str(c.name), **OmegaConf.to_container(c.kwargs or {}, resolve=True))
     obs, info = env.reset(seed=seed)
     n = env.unwrapped.num_workers
     ctl.reset(env.unwrapped.backend.spec, np.random.default_rng(seed))
     rows = [split_centralised(obs, n)]
-    for _ in range(int(cfg.steps)):
+    for _ in range(steps):
         action, _ = ctl.predict(obs, info, deterministic=True)
         obs, _, terminated, truncated, info = env.step(action)
         rows.append(split_centralised(obs, n))
@@ -59,17 +57,23 @@ def run(cfg: DictConfig) -> list[dict]:
     fid = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / f"{cfg.fidelity}.yaml")
     scenario = build_scenario(fid, profile)
     c = cfg.controller
-    probe = make_controller(str(c.name), **OmegaConf.to_container(c.kwargs or {}, resolve=True))
-    ib = int(c.kwargs.get("batch", 32)) if c.kwargs else 32
-    k, budget = int(cfg.interval), float(cfg.time_budget_s)
+    kwargs = plain(c.kwargs) or {}
+    mode = build_controller(str(c.name), kwargs).action_mode
+    ib = int(kwargs.get("batch", 32))
+    k, budget, steps = int(cfg.interval), float(cfg.time_budget_s), int(cfg.steps)
     real = RealEnvs(real_config, scenario, budget)
     try:
-        renv = real.env(ib, probe.action_mode, k, "time")
-        real_rows = [rollout(renv, cfg, int(s)) for s in cfg.seeds]
+        renv = real.env(ib, mode, k, "time")
+        real_rows = [rollout(renv, build_controller(str(c.name), kwargs), steps, int(s)) for s in cfg.seeds]
     finally:
         real.close()
     sim_rows = [
-        rollout(sim_env(profile, scenario, ib, probe.action_mode, k, "time", budget), cfg, int(s))
+        rollout(
+            sim_env(profile, scenario, ib, mode, k, "time", budget),
+            build_controller(str(c.name), kwargs),
+            steps,
+            int(s),
+        )
         for s in cfg.seeds
     ]
     # Compare interval by interval over the common length of each seed's two episodes.
@@ -89,7 +93,7 @@ def run(cfg: DictConfig) -> list[dict]:
         }
         for i in np.argsort(-gap)
     ]
-    label = f"{c.name}" + (f"-{c.kwargs.batch}" if c.kwargs and "batch" in c.kwargs else "")
+    label = f"{c.name}" + (f"-{kwargs['batch']}" if "batch" in kwargs else "")
     lines = [
         "# Observation gap: real training vs its calibrated simulator",
         "",

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -38,7 +36,7 @@ import numpy as np
 
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.convergence import ConvergenceModel, ConvergenceParams, convergence_params
-from sim.datafiles import data_path
+from sim.datafiles import atomic_write_text, data_path
 from sim.hardware import GPU_MEMORY_GIB, ComputeModel, ComputeParams, compute_params
 from sim.network import CommModel, CommParams, comm_params
 from sim.validation import check_choice, check_int, check_positive, check_range
@@ -338,19 +336,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def dump_json(doc: Any) -> str:
     return json.dumps(jsonable(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
@@ -381,15 +366,15 @@ def write_profile(
             memory.setdefault(n.gpu, n.mem_gib)
     extras = model_extras or {}
     compute_rows = [{**asdict(p), **extras.get((p.gpu, p.app), {})} for p in computes]
-    write_text_atomic(
+    atomic_write_text(
         out / COMPUTE_FILE,
         dump_json({"generated_by": "python -m experiments.calibrate", "models": compute_rows}),
     )
-    write_text_atomic(
+    atomic_write_text(
         out / COMM_FILE,
         dump_json({"generated_by": "python -m experiments.calibrate", "models": [asdict(p) for p in comms]}),
     )
-    write_text_atomic(
+    atomic_write_text(
         out / CONVERGENCE_FILE,
         dump_json(
             {"generated_by": "python -m experiments.calibrate", "models": [asdict(p) for p in convergences]}
@@ -404,7 +389,7 @@ def write_profile(
         "simulator": dict(simulator or {}),
         **dict(meta or {}),
     }
-    write_text_atomic(out / PROFILE_FILE, dump_json(doc))
+    atomic_write_text(out / PROFILE_FILE, dump_json(doc))
     return load_profile(out)
 
 

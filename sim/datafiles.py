@@ -3,14 +3,46 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from sim.validation import check_choice
 
 T = TypeVar("T")
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: files written here get ordinary permissions (mkstemp makes 0600)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO], Any], mode: str = "w") -> Path:
+    """Write through ``write(fh)`` to a temporary file beside ``path``, fsync it, then rename it
+    over ``path``: a reader, or a crash, sees the old file or the new one, never half of one.
+    Text modes write UTF-8 with ``\\n`` line ends."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    try:
+        with os.fdopen(fd, mode, **text) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """:func:`atomic_write` of a string."""
+    return atomic_write(path, lambda fh: fh.write(text))
 
 
 def data_path(name: str) -> Path:

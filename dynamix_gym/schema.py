@@ -286,12 +286,6 @@ class ObservationEncoder:
         flat += self._offset
         return flat.astype(np.float32)
 
-    def update(self, report: IntervalReport) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`encode`, split into (worker features (N, Fw), global features (Fg,))."""
-        obs = self.encode(report)
-        n = self.spec.num_workers
-        return obs[: n * _FW].reshape(n, _FW), obs[n * _FW :]
-
     @staticmethod
     def per_worker(worker: np.ndarray, glob: np.ndarray) -> np.ndarray:
         """(N, Fw + Fg): each worker's own features followed by the shared global features."""

@@ -22,7 +22,6 @@ from typing import Any
 
 import hydra
 import numpy as np
-import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -31,8 +30,8 @@ import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
 from adapters.torchrun import resolve_policy
 from dynamix_gym.evaluation import run_episode
-from experiments.common import atomic_write_text, plain
-from experiments.evaluate import COLUMNS, append_csv_row, build_specs, controller_label, make_env
+from experiments.common import plain
+from experiments.evaluate import build_specs, make_env, record_run
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +86,7 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         offset = backend.resumed_interval or 0
     finally:
         env.close()
-    summary = dict(result.summary)
-    summary.update(
-        controller=controller_label(wrapped.inner),
-        cluster=specs["cluster"].name,
-        gpu_types=" ".join(spec.gpu_types),
-        target_accuracy=spec.target_accuracy,
-        time_budget_s=spec.time_budget_s,
-        interval=interval,
-    )
-    timeline = pd.DataFrame(result.timeline)
-    timeline["step"] += offset
-    atomic_write_text(out / "timeline.csv", timeline.to_csv(index=False))
-    append_csv_row(out / "summary.csv", summary, COLUMNS)
-    tta = float(summary["time_to_accuracy_s"]) if summary["reached_target"] else math.inf
+    summary, tta = record_run(out, result, wrapped.inner, specs, spec, interval, step_offset=offset)
     log.info(
         "%s on real DDP (%s, %s): final accuracy %.4f after %.1f s, %d decisions, target %s",
         summary["controller"],

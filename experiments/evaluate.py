@@ -90,18 +90,7 @@ def evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         interval = int(env.unwrapped.interval)
     finally:
         env.close()
-    summary = dict(result.summary)
-    summary.update(
-        controller=controller_label(controller),
-        cluster=specs["cluster"].name,
-        gpu_types=" ".join(spec.gpu_types),
-        target_accuracy=spec.target_accuracy,
-        time_budget_s=spec.time_budget_s,
-        interval=interval,
-    )
-    atomic_write_text(out / "timeline.csv", pd.DataFrame(result.timeline).to_csv(index=False))
-    append_csv_row(out / "summary.csv", summary, COLUMNS)
-    tta = float(summary["time_to_accuracy_s"]) if summary["reached_target"] else math.inf
+    summary, tta = record_run(out, result, controller, specs, spec, interval)
     log.info(
         "%s on %s, seed %s: %s (final accuracy %.4f after %.1f min, %d decisions)",
         summary["controller"],
@@ -113,6 +102,36 @@ def evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         summary["decisions"],
     )
     return tta
+
+
+def record_run(
+    out: Path,
+    result: Any,
+    controller: Any,
+    specs: dict[str, Any],
+    spec: Any,
+    interval: int,
+    step_offset: int = 0,
+) -> tuple[dict[str, Any], float]:
+    """Write an episode's ``timeline.csv`` and append its row to ``summary.csv`` in ``out``;
+    returns the row and the time to accuracy (inf if the target was missed). ``step_offset``
+    numbers the timeline's steps after those of a run it resumed."""
+    summary = dict(result.summary)
+    summary.update(
+        controller=controller_label(controller),
+        cluster=specs["cluster"].name,
+        gpu_types=" ".join(spec.gpu_types),
+        target_accuracy=spec.target_accuracy,
+        time_budget_s=spec.time_budget_s,
+        interval=interval,
+    )
+    timeline = pd.DataFrame(result.timeline)
+    if step_offset:
+        timeline["step"] += step_offset
+    atomic_write_text(out / "timeline.csv", timeline.to_csv(index=False))
+    append_csv_row(out / "summary.csv", summary, COLUMNS)
+    tta = float(summary["time_to_accuracy_s"]) if summary["reached_target"] else math.inf
+    return summary, tta
 
 
 def append_csv_row(path: Path, row: dict[str, Any], columns: Sequence[str]) -> None:

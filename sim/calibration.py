@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -142,38 +142,25 @@ class ClusterProfile(ModelTables):
     def _where(self) -> str:
         return f"profile {self.name!r}" + (f" ({self.path})" if self.path else "")
 
-    def compute_params(self, gpu: str, app: str) -> ComputeParams:
-        if (gpu, app) in self.compute:
-            return self.compute[(gpu, app)]
+    def _lookup(self, table: Mapping, key: Any, shipped: Callable[..., T], what: str) -> T:
+        """``table[key]``, else the shipped fit, else an error naming what neither holds."""
+        if key in table:
+            return table[key]
         try:
-            return compute_params(gpu, app)
+            return shipped(*key) if isinstance(key, tuple) else shipped(key)
         except ValueError:
             raise ValueError(
-                f"no compute model for ({gpu}, {app}) in {self._where()} (it has "
-                f"{sorted(self.compute)}) nor in the shipped fits"
+                f"no {what} in {self._where()} (it has {sorted(table)}) nor in the shipped fits"
             ) from None
+
+    def compute_params(self, gpu: str, app: str) -> ComputeParams:
+        return self._lookup(self.compute, (gpu, app), compute_params, f"compute model for ({gpu}, {app})")
 
     def comm_params(self, gpu: str, app: str) -> CommParams:
-        if (gpu, app) in self.comm:
-            return self.comm[(gpu, app)]
-        try:
-            return comm_params(gpu, app)
-        except ValueError:
-            raise ValueError(
-                f"no communication model for ({gpu}, {app}) in {self._where()} (it has "
-                f"{sorted(self.comm)}) nor in the shipped fits"
-            ) from None
+        return self._lookup(self.comm, (gpu, app), comm_params, f"communication model for ({gpu}, {app})")
 
     def convergence_params(self, name: str) -> ConvergenceParams:
-        if name in self.convergence:
-            return self.convergence[name]
-        try:
-            return convergence_params(name)
-        except ValueError:
-            raise ValueError(
-                f"no convergence model {name!r} in {self._where()} (it has {sorted(self.convergence)}) "
-                "nor in the shipped fits"
-            ) from None
+        return self._lookup(self.convergence, name, convergence_params, f"convergence model {name!r}")
 
     def gpu_memory_gib(self, gpu: str) -> float:
         if gpu in self.memory_gib:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,7 +89,7 @@ class DomainRandomization:
         """The loaded profile (cached per path)."""
         if self.profile is None:
             raise ValueError("this domain has no profile")
-        return _profile(str(Path(self.profile)) if Path(self.profile).exists() else self.profile)
+        return _profile(self.profile)
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         n = self.workers

@@ -194,7 +194,11 @@ def test_encoder_and_noise_estimate_match_the_plain_reference(workers, scenario)
         if got is not None:
             np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
         estimator.update(report)
-        worker, glob = fast.update(report)
+        obs = fast.encode(report)
+        worker, glob = (
+            obs[: workers * OBS_SCHEMA.worker_dim].reshape(workers, -1),
+            obs[workers * OBS_SCHEMA.worker_dim :],
+        )
         ref_worker, ref_glob = ref.update(report)
         assert worker.dtype == glob.dtype == np.float32
         np.testing.assert_allclose(worker, ref_worker, rtol=0, atol=2e-6)

@@ -36,7 +36,7 @@ from sim.hardware import smooth_max
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.report import IntervalReport
 from sim.validation import check_int, check_range
-from sim.workloads import Workload, get_workload
+from sim.workloads import Workload, get_workload, min_local_batch
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class Simulator:
         seed: seeds the generator used when :meth:`reset` is given neither seed nor generator.
         reconfig_delay_s: pause paid at the start of an interval in which any local batch changed
             (``None``: the profile's, else 1.0).
-        min_batch: smallest local batch a worker may run (``None``: the profile's, else 16).
+        min_batch: smallest local batch a worker may run (``None``: the profile's, else the
+            workload's ``min_local_batch``, else 16 or the smallest memory cap if lower; see
+            :func:`sim.workloads.min_local_batch`).
         lr_rule: overrides the workload's learning-rate scaling rule.
         profile: a calibrated cluster profile (:mod:`sim.calibration`: a directory, its
             ``profile.json``, a name under ``sim/data/profiles`` or a loaded ``ClusterProfile``).
@@ -107,12 +109,11 @@ class Simulator:
         if reconfig_delay_s is None:
             reconfig_delay_s = settings.get("reconfig_delay_s", 1.0)
         if min_batch is None:
-            min_batch = settings.get("min_batch", 16)
+            min_batch = settings.get("min_batch")
         if interval_overhead_s is None:
             interval_overhead_s = settings.get("interval_overhead_s", 0.0)
         self.reconfig_delay_s = check_range("reconfig_delay_s", reconfig_delay_s, 0.0, 3600.0)
         self.interval_overhead_s = check_range("interval_overhead_s", interval_overhead_s, 0.0, 3600.0)
-        self.min_batch_value = check_int("min_batch", min_batch, 1)
         wl = self.workload
         self.convergence = ConvergenceModel(models.convergence_params(wl.convergence), lr_rule or wl.lr_rule)
 
@@ -126,11 +127,15 @@ class Simulator:
         self._host = np.array([p.host_s for p in cps])
         self._k = np.array([p.k for p in cps])
         self.max_batch = np.array([p.max_batch for p in cps], dtype=np.int64)
+        if min_batch is None:
+            min_batch = min_local_batch(wl, self.max_batch)
+        self.min_batch_value = check_int("min_batch", min_batch, 1)
         self.min_batch = np.full(n, self.min_batch_value, dtype=np.int64)
         if np.any(self.min_batch > self.max_batch):
             raise ValueError(
                 f"min_batch ({self.min_batch_value}) exceeds the memory cap of some workers "
-                f"({dict(zip(self.gpu_types, self.max_batch.tolist(), strict=True))})"
+                f"({dict(zip(self.gpu_types, self.max_batch.tolist(), strict=True))}); allowed: "
+                f"[1, {int(self.max_batch.min())}]"
             )
         self._comm_params = [models.comm_params(g, wl.app) for g in sorted(set(self.gpu_types))]
         self._comm_cache: dict[tuple[int, int], CommModel] = {}

@@ -31,6 +31,9 @@ class Workload:
     flops_scale: float = 1.0  # GPU work per sample relative to the measured application's model
     initial_local_batch: int = 128
     time_budget_s: float = 4 * 3600.0
+    #: smallest local batch a worker may run; None: DEFAULT_MIN_LOCAL_BATCH, lowered to the smallest
+    #: memory cap of the cluster's workers (see :func:`min_local_batch`)
+    min_local_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_positive(f"workload {self.name}.params_millions", self.params_millions)
@@ -43,6 +46,8 @@ class Workload:
         check_positive(f"workload {self.name}.flops_scale", self.flops_scale)
         check_int(f"workload {self.name}.initial_local_batch", self.initial_local_batch, 1)
         check_positive(f"workload {self.name}.time_budget_s", self.time_budget_s)
+        if self.min_local_batch is not None:
+            check_int(f"workload {self.name}.min_local_batch", self.min_local_batch, 1)
 
     @property
     def model_bytes(self) -> float:
@@ -52,6 +57,21 @@ class Workload:
     def comm_scale(self) -> float:
         """All-reduce time relative to the measured application's (gradient-size ratio)."""
         return self.params_millions / self.app_params_millions
+
+
+#: Smallest local batch of a workload that does not name its own, where every worker's memory cap
+#: allows it (else the smallest cap): the lower end of the batch ranges the controllers search.
+DEFAULT_MIN_LOCAL_BATCH = 16
+
+
+def min_local_batch(workload: Workload, max_batches) -> int:
+    """The workload's ``min_local_batch``, else ``min(DEFAULT_MIN_LOCAL_BATCH, smallest cap)``.
+
+    ``max_batches``: the memory caps (largest local batch) of the cluster's workers.
+    """
+    if workload.min_local_batch is not None:
+        return workload.min_local_batch
+    return int(min(DEFAULT_MIN_LOCAL_BATCH, *(int(b) for b in max_batches)))
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -119,6 +139,28 @@ WORKLOADS: dict[str, Workload] = {
             sample_bytes=8 + 8 + 4,  # user id, item id (int64), label (float32)
             initial_local_batch=256,
             time_budget_s=3600.0,
+        ),
+        Workload(
+            name="bert",
+            model="BERT-base / SQuAD v1.1 fine-tune (fp32, AdaScale)",
+            app="bert",
+            convergence="bert",
+            # BertForQuestionAnswering on bert-base-uncased: the encoder without its pooler
+            # (108,891,648) and the 768 -> 2 span head (1,538).
+            params_millions=108.893186,
+            app_params_millions=108.893186,
+            # SQuAD v1.1's 87,599 training questions as 384-token features with a 128-token doc
+            # stride; the traces' 7,387 steps per epoch at batch 12 agree (ceil(88,641 / 12)).
+            samples_per_epoch=88_641,
+            target_accuracy=0.88,  # F1 / 100 on the dev set (BERT-base reports 88.5)
+            num_classes=384,  # the span start (and end) is one of the 384 token positions
+            val_samples=10_570,  # SQuAD v1.1 dev questions
+            sample_bytes=384 * 3 * 8 + 2 * 8,  # input ids, token types, mask (int64); start, end
+            initial_local_batch=12,
+            time_budget_s=4 * 3600.0,
+            # The smallest local batch measured on every GPU type (throughput_profiles.csv); the
+            # T4 and RTX2080Ti caps are 12, below DEFAULT_MIN_LOCAL_BATCH.
+            min_local_batch=4,
         ),
     ]
 }

@@ -1,0 +1,112 @@
+"""Grids past one machine: every launcher conf/README.md names composes with every entry point, and
+a real two-run grid goes through submitit's local executor (the code path a SLURM node runs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+#: Every primary config: one per ``python -m experiments.<app>``.
+APPS = sorted(p.stem for p in CONF.glob("*.yaml"))
+#: Launchers the configs must compose with whatever the docs say (the issue's list).
+REQUIRED = {"joblib", "submitit_local", "submitit_slurm"}
+#: Configs that pick a launcher or its settings themselves, composed beside their app's defaults.
+EXTRA = {"train": (["experiment=train_seeds"], ["hparams_search=reward_optuna"])}
+TARGETS = {
+    "local": "JoblibLauncher",
+    "joblib": "JoblibLauncher",
+    "basic": "BasicLauncher",
+    "submitit_local": "LocalLauncher",
+    "submitit_slurm": "SlurmLauncher",
+}
+
+
+def documented_launchers() -> list[str]:
+    names = set()
+    for doc in (CONF / "README.md", ROOT / "README.md"):
+        names |= set(re.findall(r"hydra/launcher=(\w+)", doc.read_text()))
+    return sorted(names)
+
+
+def run_grouped(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``python args`` in the repo root, in its own process group: on timeout the whole group goes
+    (submitit's local job controllers are meant to outlive their parent)."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{args} ran past {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def test_the_docs_name_every_required_launcher():
+    assert REQUIRED <= set(documented_launchers())
+    assert set(documented_launchers()) <= set(TARGETS), "a documented launcher this file does not check"
+
+
+@pytest.mark.parametrize("launcher", documented_launchers())
+@pytest.mark.parametrize("app", APPS)
+def test_every_app_composes_with_every_launcher(app, launcher):
+    for extra in ([], *EXTRA.get(app, ())):
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            cfg = compose(app, overrides=[f"hydra/launcher={launcher}", *extra], return_hydra_config=True)
+        assert cfg.hydra.launcher._target_.endswith(TARGETS[launcher]), (app, extra)
+        if launcher.startswith("submitit"):
+            assert "n_jobs" not in cfg.hydra.launcher, (app, extra)
+
+
+def test_local_keeps_the_projects_joblib_settings():
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("evaluate", return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
+    assert cfg.hydra.launcher.n_jobs == 2
+
+
+@pytest.mark.parametrize("launcher", sorted(REQUIRED))
+def test_cfg_hydra_prints_the_chosen_launcher(launcher):
+    """The issue's command line itself: ``--cfg hydra`` prints the config it would launch with."""
+    proc = run_grouped(
+        ["-m", "experiments.evaluate", f"hydra/launcher={launcher}", "--cfg", "hydra"], timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{TARGETS[launcher]}\n" in proc.stdout
+
+
+def submitit_grid(module: str, sweep: Path, *overrides: str, timeout: float = 300) -> list[Path]:
+    """A two-run grid of ``module`` through ``hydra/launcher=submitit_local``; the run dirs."""
+    proc = run_grouped(
+        ["-m", module, "-m", "hydra/launcher=submitit_local", *overrides, f"hydra.sweep.dir={sweep}"],
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # each run was a submitit job: its own pickled result beside its log
+    assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 2, proc.stderr[-3000:]
+    return sorted(p.parent for p in sweep.glob("*/.hydra"))
+
+
+def test_evaluate_grid_through_submitit_local(tmp_path):
+    runs = submitit_grid("experiments.evaluate", tmp_path / "sweep", "seed=0,1", "env.max_decisions=2")
+    assert len(runs) == 2
+    rows = pd.concat([pd.read_csv(run / "summary.csv") for run in runs], ignore_index=True)
+    assert sorted(rows["seed"]) == [0, 1]
+    assert (rows["decisions"] == 2).all()
+    assert (rows["backend"] == "sim").all()

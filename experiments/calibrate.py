@@ -1,7 +1,7 @@
 """Calibrate the simulator to a real setup and write a cluster profile.
 
     python -m experiments.calibrate [name=cpu2] [out_dir=DIR] [budget_s=300] [curves.enabled=false]
-    python -m experiments.calibrate profile=TABLE.csv [out_dir=DIR] [app=cifar10]
+    python -m experiments.calibrate table=TABLE.csv [traces=TRACES.csv] [workload=WORKLOAD.yaml] [out_dir=DIR] [app=cifar10]
 
 Real mode (default) profiles native DDP ranks on this machine through the real backend
 (:mod:`dynamix_gym.calibration`): each worker count's step time over a ladder of local batches
@@ -145,7 +145,7 @@ def _node(gpu: str, gpus: int, memory: dict[str, float]) -> NodeSpec:
 
 
 def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
-    src = Path(to_absolute_path(str(cfg.profile)))
+    src = Path(to_absolute_path(str(cfg.table)))
     table = read_profile_table(src)
     pairs = parse_pairs(cfg.host_floor_pairs)
     additive = [str(g) for g in cfg.additive_types or []]
@@ -172,7 +172,7 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
     cluster = table_cluster(cfg, table, app, memory)
     meta = {
         "provenance": {
-            "command": f"{COMMAND} profile={cfg.profile}",
+            "command": f"{COMMAND} table={cfg.table}",
             "mode": "table",
             "source": describe_file(src),
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -576,7 +576,7 @@ def report_markdown(profile: ClusterProfile, fit: dict[str, Any], notes: list[st
 
 def calibrate(cfg: DictConfig) -> float:
     out = out_dir_of(cfg)
-    result = calibrate_from_table(cfg, out) if cfg.get("profile") else calibrate_real(cfg, out)
+    result = calibrate_from_table(cfg, out) if cfg.get("table") else calibrate_real(cfg, out)
     profile, fit = result["profile"], result["fit"]
     atomic_write_text(out / "calibration.md", report_markdown(profile, fit, result["notes"]))
     atomic_write_text(

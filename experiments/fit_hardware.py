@@ -1,6 +1,6 @@
 """Fit the simulator's compute and communication models from measured step times.
 
-    python -m experiments.fit_hardware [profile=TABLE.csv] [out_dir=DIR] [report_dir=DIR]
+    python -m experiments.fit_hardware [table=TABLE.csv] [out_dir=DIR] [report_dir=DIR]
         [host_floor_pairs=[V100/cifar10,V100/ncf]]
 
 Writes ``compute_models.json`` and ``comm_models.json`` (default: the package's ``sim/data``) and
@@ -371,22 +371,22 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def fit_hardware(
-    profile: Path,
+    table_path: Path,
     out_dir: Path,
     report_dir: Path,
     target_loo_mdape: float = 0.10,
     target_gpus: tuple[str, ...] = ("T4", "V100"),
     host_floor_pairs: tuple[tuple[str, str], ...] = HOST_FLOOR_PAIRS,
 ) -> dict[str, Any]:
-    """Fit every (gpu, app) pair of ``profile``; write the model files and the report.
+    """Fit every (gpu, app) pair of the table at ``table_path``; write the model files and the report.
 
     Returns:
         The report summary (the content of ``hardware_fit.json``).
     """
-    table = read_profile_table(profile)
+    table = read_profile_table(table_path)
     computes, comms, diagnostics = fit_all(table, host_floor_pairs)
     comm_by_pair = {(c.gpu, c.app): c for c in comms}
-    source = describe_file(profile)
+    source = describe_file(table_path)
 
     compute_doc = {
         "generated_by": COMMAND,
@@ -501,13 +501,11 @@ def parse_pairs(items: Any) -> tuple[tuple[str, str], ...]:
 @hydra.main(version_base=None, config_path="../conf", config_name="fit_hardware")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the worst LOO MdAPE over the target GPU types."""
-    profile = (
-        Path(to_absolute_path(cfg.profile)) if cfg.profile else data_path("reference/throughput_profiles.csv")
-    )
+    table = Path(to_absolute_path(cfg.table)) if cfg.table else data_path("reference/throughput_profiles.csv")
     out_dir = Path(to_absolute_path(cfg.out_dir)) if cfg.out_dir else Path(sim.__file__).parent / "data"
     report_dir = Path(to_absolute_path(cfg.report_dir))
     summary = fit_hardware(
-        profile,
+        table,
         out_dir,
         report_dir,
         target_loo_mdape=float(cfg.target_loo_mdape),

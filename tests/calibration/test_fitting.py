@@ -259,7 +259,7 @@ def test_calibrate_fits_a_table_in_the_reference_format_into_a_loadable_profile(
     synthetic_table().to_csv(csv, index=False)
     out = tmp_path / "profile"
     proc = _calibrate(
-        f"profile={csv}", f"out_dir={out}", "name=toy", "+gpu_memory_gib.cpu-test=4", "workload.name=toy"
+        f"table={csv}", f"out_dir={out}", "name=toy", "+gpu_memory_gib.cpu-test=4", "workload.name=toy"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = load_profile(out)
@@ -292,7 +292,7 @@ def test_calibrate_rejects_ill_formed_tables_naming_column_row_and_range(tmp_pat
     edit(synthetic_table()).to_csv(bad, index=False)
     with pytest.raises(ValueError, match=message):
         read_profile_table(bad)
-    proc = _calibrate(f"profile={bad}", f"out_dir={tmp_path / 'out'}")
+    proc = _calibrate(f"table={bad}", f"out_dir={tmp_path / 'out'}")
     assert proc.returncode != 0
     assert re.search(message, proc.stderr), proc.stderr[-2000:]
     assert not (tmp_path / "out" / "profile.json").exists()

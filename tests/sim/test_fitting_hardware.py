@@ -469,7 +469,7 @@ def test_entry_point_writes_deterministic_loadable_files(tmp_path: Path) -> None
     for run in ("a", "b"):
         out, rep = tmp_path / run / "data", tmp_path / run / "report"
         subprocess.run(
-            [sys.executable, "-m", "experiments.fit_hardware", f"profile={profile}", f"out_dir={out}",
+            [sys.executable, "-m", "experiments.fit_hardware", f"table={profile}", f"out_dir={out}",
              f"report_dir={rep}", f"hydra.run.dir={tmp_path / run / 'hydra'}", "target_gpus=[SYN]"],
             cwd=REPO, check=True, capture_output=True, timeout=120,
         )  # fmt: skip

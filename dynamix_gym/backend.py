@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from sim.report import WORKER_FIELDS, IntervalReport
+from sim.workloads import ACCURACY, QualityMetric
 
 __all__ = ["WORKER_FIELDS", "Backend", "BackendSpec", "IntervalReport"]
 
@@ -27,11 +28,14 @@ class BackendSpec:
     max_batch: np.ndarray  # (N,) largest local batch per worker (memory cap)
     initial_batch: np.ndarray  # (N,) local batches of the first interval
     base_batch: int  # M0: the batch that progress and statistical efficiency are relative to
-    target_accuracy: float  # validation accuracy that ends an episode
+    target_accuracy: float  # validation quality (a rising fraction, sim.workloads) that ends an episode
     time_budget_s: float  # wall-clock budget of an episode
     num_classes: int
     workload: str
     deterministic: bool  # same seed, same reports
+    #: the workload's validation metric: reports carry it as the quality ``val_accuracy``, tables
+    #: show ``metric.from_quality(val_accuracy)`` in the metric's own units
+    metric: QualityMetric = ACCURACY
 
     @property
     def num_workers(self) -> int:

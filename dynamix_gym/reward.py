@@ -4,7 +4,8 @@
 
     r = acc + alpha * max(0, acc - acc_prev) - beta * T_iter - delta * reg(B) - eta * (var|g| + std|g|)
 
-    acc     validation accuracy at the end of the interval (fraction)
+    acc     validation quality at the end of the interval (a rising fraction: the accuracy, or the
+            workload's metric mapped by sim.workloads.QualityMetric, e.g. 1 - WER)
     T_iter  mean iteration time of the live workers, seconds
     reg(B)  mean over live workers of |log2(B_i) - c| ("abs", default: grows as B leaves 2^c = 32
             in either direction) or log2(B_i) - c ("signed")

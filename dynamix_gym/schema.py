@@ -61,7 +61,13 @@ WORKER_FEATURES: tuple[Feature, ...] = (
 )
 
 GLOBAL_FEATURES: tuple[Feature, ...] = (
-    Feature("val_accuracy", "fraction", 0.0, 1.0, "validation accuracy"),
+    Feature(
+        "val_accuracy",
+        "fraction",
+        0.0,
+        1.0,
+        "validation quality (accuracy, or the metric as a rising fraction)",
+    ),
     Feature("val_loss", "ln(C) units", 0.0, 2.0, "validation loss / ln(number of classes)"),
     Feature("accuracy_to_target", "fraction", -0.5, 1.0, "target accuracy minus validation accuracy"),
     Feature(

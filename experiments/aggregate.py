@@ -66,6 +66,8 @@ TABLE_COLUMNS = [
     "tta_min_ci_low",
     "tta_min_ci_high",
     "final_accuracy_mean",
+    "metric",
+    "final_metric_mean",
     "idle_fraction_mean",
     "resource_inefficiency_mean",
     "batch_changes_mean",
@@ -77,12 +79,20 @@ TABLE_COLUMNS = [
 
 
 # --- reading a sweep -------------------------------------------------------------------------------
+def with_metric_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows written before workloads named their metric: their metric is the accuracy."""
+    if "metric" in df.columns or "final_accuracy" not in df.columns:
+        return df
+    df = df.assign(metric="accuracy", final_metric=df["final_accuracy"])
+    return df.assign(target_metric=df["target_accuracy"]) if "target_accuracy" in df.columns else df
+
+
 def load_runs(sweep_dir: str | Path) -> pd.DataFrame:
     """Every summary row under ``sweep_dir``, with the run's directory in ``run_dir``."""
     sweep_dir = Path(sweep_dir)
     frames = []
     for path in sorted(sweep_dir.rglob("summary.csv")):
-        df = pd.read_csv(path)
+        df = with_metric_columns(pd.read_csv(path))
         missing = [c for c in COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(
@@ -188,6 +198,7 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per context x scenario x controller (:data:`TABLE_COLUMNS`), scenarios in the
     presets' order, controllers in :func:`controller_order`."""
+    runs = with_metric_columns(runs)
     rows = []
     for key, g in runs.groupby(GROUP_KEYS, sort=False):
         reached = g["reached_target"].astype(bool)
@@ -203,6 +214,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
                 "tta_min_ci_low": lo,
                 "tta_min_ci_high": hi,
                 "final_accuracy_mean": g["final_accuracy"].mean(),
+                "metric": " ".join(dict.fromkeys(g["metric"].astype(str))),
+                "final_metric_mean": g["final_metric"].mean(),
                 "idle_fraction_mean": g["mean_idle_fraction"].mean(),
                 "resource_inefficiency_mean": g["resource_inefficiency"].mean(),
                 "batch_changes_mean": g["batch_changes"].mean(),
@@ -274,18 +287,19 @@ def to_markdown(table: pd.DataFrame, commands: Sequence[str], title: str) -> str
         "every seed) and to the oracle.",
         "",
     ]
-    header = (
-        "| scenario | controller | TTA (min) | reached | final acc | idle | inefficiency | changes "
-        "| decision (ms) | ×best static | ×oracle |"
-    )
     for ctx, t in table.groupby(CONTEXT_KEYS, sort=False):
+        metric = " ".join(dict.fromkeys(t["metric"].astype(str)))
+        header = (
+            f"| scenario | controller | TTA (min) | reached | final {metric} | idle | inefficiency | changes "
+            "| decision (ms) | ×best static | ×oracle |"
+        )
         lines += [f"## {' / '.join(str(c) for c in ctx)}", "", header, "|" + "---|" * 11]
         for _, r in t.iterrows():
             mark = " †" if r["reached"] < r["runs"] else ""
             best = " (best static)" if r["controller"] == r["best_static"] else ""
             lines.append(
                 f"| {r['scenario']} | {r['controller']}{best} | {_pm(r['tta_min_mean'], r['tta_min_ci95'])} "
-                f"| {r['reached']}/{r['runs']}{mark} | {r['final_accuracy_mean']:.4f} "
+                f"| {r['reached']}/{r['runs']}{mark} | {r['final_metric_mean']:.4f} "
                 f"| {r['idle_fraction_mean']:.1%} | {r['resource_inefficiency_mean']:.3f} "
                 f"| {r['batch_changes_mean']:.1f} | {r['decision_time_ms_mean']:.3f} "
                 f"| {_ratio(r['tta_vs_best_static'])} | {_ratio(r['tta_vs_oracle'])} |"

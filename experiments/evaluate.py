@@ -45,7 +45,12 @@ from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_di
 log = logging.getLogger(__name__)
 
 #: Columns a summary row carries beyond SUMMARY_COLUMNS (what aggregation and plots need).
-EXTRA_COLUMNS: tuple[str, ...] = ("cluster", "gpu_types", "target_accuracy", "time_budget_s", "interval")
+#: ``metric``, ``final_metric`` and ``target_metric`` give the workload's validation metric in its own
+#: name and units (``final_accuracy`` and ``target_accuracy`` are the internal rising quality).
+EXTRA_COLUMNS: tuple[str, ...] = (
+    "cluster", "gpu_types", "target_accuracy", "time_budget_s", "interval",
+    "metric", "final_metric", "target_metric",
+)  # fmt: skip
 COLUMNS: tuple[str, ...] = SUMMARY_COLUMNS + EXTRA_COLUMNS
 
 
@@ -124,8 +129,17 @@ def record_run(
         target_accuracy=spec.target_accuracy,
         time_budget_s=spec.time_budget_s,
         interval=interval,
+        metric=spec.metric.name,
+        final_metric=float(spec.metric.from_quality(summary["final_accuracy"])),
+        target_metric=float(spec.metric.from_quality(spec.target_accuracy)),
     )
     timeline = pd.DataFrame(result.timeline)
+    # The validation metric in its own units beside the quality (val_accuracy).
+    timeline.insert(
+        timeline.columns.get_loc("val_accuracy") + 1,
+        "val_metric",
+        spec.metric.from_quality(timeline["val_accuracy"].to_numpy()),
+    )
     if step_offset:
         timeline["step"] += step_offset
     atomic_write_text(out / "timeline.csv", timeline.to_csv(index=False))

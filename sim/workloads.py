@@ -5,6 +5,17 @@ and the convergence model fitted for it. A workload without its own measurements
 CIFAR-100) borrows a measured one's profiles, scaled by its FLOP and gradient-size ratios.
 Parameter counts and FLOPs are properties of the architectures (torchvision / the papers), not
 fitted quantities.
+
+The simulator and the env work in one internal quality, a fraction in [0, 1] that rises as the
+model trains (the convergence model's "accuracy"). A workload's :class:`QualityMetric` maps its
+validation metric, in the metric's own units, to and from it:
+
+    fraction = value * scale                                   # e.g. F1 or WER in percent: 0.01
+    quality  = fraction if higher_is_better else 1 - fraction  # WER 12 % -> quality 0.88
+
+so a falling metric (WER, a loss scaled to [0, 1]) needs no special case in the reward, the
+observation or the episode's end, and tables show the metric in its own name and units. The
+shipped accuracy metrics have scale 1 and rise: their quality is the value itself, bit for bit.
 """
 
 from __future__ import annotations
@@ -12,6 +23,52 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.validation import check_choice, check_int, check_positive, check_range
+
+
+@dataclass(frozen=True)
+class QualityMetric:
+    """A validation metric and its map to the internal quality (see the module docstring)."""
+
+    name: str = "accuracy"
+    higher_is_better: bool = True
+    scale: float = 1.0  # multiplies a value in the metric's units into a fraction in [0, 1]
+    untrained: float | None = None  # value of an untrained model, metric units (None: not given)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"metric.name must be a non-empty name, got {self.name!r}")
+        if not isinstance(self.higher_is_better, bool):
+            raise ValueError(f"metric.higher_is_better must be true or false, got {self.higher_is_better!r}")
+        check_positive("metric.scale", self.scale)
+        if self.untrained is not None:
+            self.check_value(f"metric.untrained ({self.name})", self.untrained)
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """The values (metric units) whose fraction lies in [0, 1]."""
+        return 0.0, 1.0 / self.scale
+
+    def check_value(self, field: str, value: float) -> float:
+        """``value`` if its fraction lies in [0, 1], else a ValueError naming ``field`` and the range."""
+        lo, hi = self.value_range
+        return check_range(field, value, lo, hi)
+
+    def to_quality(self, value):
+        """Quality (rising fraction) of a metric value; numpy arrays map element-wise."""
+        if self.scale == 1.0 and self.higher_is_better:
+            return value  # the shipped accuracies: the value itself
+        fraction = value * self.scale
+        return fraction if self.higher_is_better else 1.0 - fraction
+
+    def from_quality(self, quality):
+        """The metric value (its own units) of a quality; the inverse of :meth:`to_quality`."""
+        if self.scale == 1.0 and self.higher_is_better:
+            return quality
+        fraction = quality if self.higher_is_better else 1.0 - quality
+        return fraction / self.scale
+
+
+ACCURACY = QualityMetric()
 
 
 @dataclass(frozen=True)
@@ -23,7 +80,7 @@ class Workload:
     params_millions: float  # trainable parameters; gradient bytes = 4 * params (fp32 all-reduce)
     app_params_millions: float  # parameters of the measured application's model
     samples_per_epoch: int
-    target_accuracy: float  # validation accuracy (fraction) that ends an episode
+    target_accuracy: float  # value of the validation metric (its own units) that ends an episode
     num_classes: int
     val_samples: int  # validation-set size: sets the measurement noise of validation accuracy
     sample_bytes: float = 32 * 32 * 3 * 4  # one decoded input sample (float32 tensor)
@@ -34,12 +91,27 @@ class Workload:
     #: smallest local batch a worker may run; None: DEFAULT_MIN_LOCAL_BATCH, lowered to the smallest
     #: memory cap of the cluster's workers (see :func:`min_local_batch`)
     min_local_batch: int | None = None
+    #: the validation metric and its map to the internal quality; the default is accuracy (a
+    #: rising fraction), the shipped presets' metric
+    metric: QualityMetric = ACCURACY
 
     def __post_init__(self) -> None:
         check_positive(f"workload {self.name}.params_millions", self.params_millions)
         check_positive(f"workload {self.name}.app_params_millions", self.app_params_millions)
         check_int(f"workload {self.name}.samples_per_epoch", self.samples_per_epoch, 1)
-        check_range(f"workload {self.name}.target_accuracy", self.target_accuracy, 0.0, 1.0, low_open=True)
+        if not isinstance(self.metric, QualityMetric):
+            raise ValueError(f"workload {self.name}.metric must be a QualityMetric, got {self.metric!r}")
+        m = self.metric
+        lo, hi = m.value_range
+        check_range(
+            f"workload {self.name}.target_accuracy ({m.name}, higher is {'better' if m.higher_is_better else 'worse'})",
+            self.target_accuracy, lo, hi, low_open=m.higher_is_better, high_open=not m.higher_is_better,
+        )  # fmt: skip
+        if m.untrained is not None and m.to_quality(m.untrained) >= self.target_quality:
+            raise ValueError(
+                f"workload {self.name}: the target {m.name} {self.target_accuracy!r} must be better than an "
+                f"untrained model's ({m.untrained!r}; higher is {'better' if m.higher_is_better else 'worse'})"
+            )
         check_int(f"workload {self.name}.num_classes", self.num_classes, 2)
         check_int(f"workload {self.name}.val_samples", self.val_samples, 1)
         check_choice(f"workload {self.name}.lr_rule", self.lr_rule, ("adascale", "linear", "sqrt", "none"))
@@ -48,6 +120,11 @@ class Workload:
         check_positive(f"workload {self.name}.time_budget_s", self.time_budget_s)
         if self.min_local_batch is not None:
             check_int(f"workload {self.name}.min_local_batch", self.min_local_batch, 1)
+
+    @property
+    def target_quality(self) -> float:
+        """The target as the internal quality (a rising fraction in (0, 1]): what ends an episode."""
+        return float(self.metric.to_quality(self.target_accuracy))
 
     @property
     def model_bytes(self) -> float:
@@ -90,6 +167,7 @@ WORKLOADS: dict[str, Workload] = {
             val_samples=10_000,
             initial_local_batch=128,
             time_budget_s=3600.0,
+            metric=QualityMetric("top1_accuracy", untrained=0.1),  # a guess among 10 classes
         ),
         Workload(
             name="imagenet",
@@ -105,6 +183,7 @@ WORKLOADS: dict[str, Workload] = {
             sample_bytes=224 * 224 * 3 * 4,
             initial_local_batch=64,
             time_budget_s=48 * 3600.0,
+            metric=QualityMetric("top1_accuracy", untrained=0.001),  # a guess among 1000 classes
         ),
         Workload(
             name="cifar100_resnet34",
@@ -122,6 +201,7 @@ WORKLOADS: dict[str, Workload] = {
             flops_scale=1.16 / 0.56,
             initial_local_batch=64,
             time_budget_s=5 * 3600.0,
+            metric=QualityMetric("top1_accuracy", untrained=0.01),  # a guess among 100 classes
         ),
         Workload(
             name="ncf",
@@ -139,6 +219,7 @@ WORKLOADS: dict[str, Workload] = {
             sample_bytes=8 + 8 + 4,  # user id, item id (int64), label (float32)
             initial_local_batch=256,
             time_budget_s=3600.0,
+            metric=QualityMetric("hr_at_10", untrained=0.1),  # a random ranking of 1 + 99 items
         ),
         Workload(
             name="bert",
@@ -161,6 +242,7 @@ WORKLOADS: dict[str, Workload] = {
             # The smallest local batch measured on every GPU type (throughput_profiles.csv); the
             # T4 and RTX2080Ti caps are 12, below DEFAULT_MIN_LOCAL_BATCH.
             min_local_batch=4,
+            metric=QualityMetric("f1", untrained=0.0),  # F1 / 100 of an untrained span predictor ~ 0
         ),
     ]
 }

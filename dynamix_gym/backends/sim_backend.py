@@ -63,11 +63,12 @@ class SimBackend:
             max_batch=sim.max_batch.copy(),
             initial_batch=init,
             base_batch=sim.convergence.base_batch,
-            target_accuracy=wl.target_accuracy,
+            target_accuracy=wl.target_quality,
             time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
             num_classes=wl.num_classes,
             workload=wl.name,
             deterministic=True,
+            metric=wl.metric,
         )
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:

@@ -80,6 +80,11 @@ class HeteroClusterEnv(gym.Env):
     | 19 N + 11 | num_workers | log2(workers) | [0, 10] |
     | 19 N + 12 | interval_time | log10(s) | [-2, 4] |
 
+    ``val_accuracy`` (and the accuracy features after it) is the validation *quality*: the
+    workload's metric mapped to a rising fraction by ``sim.workloads.QualityMetric`` (accuracy
+    itself for the shipped workloads; ``1 - WER`` for a falling WER in [0, 1]), so a falling metric
+    needs no special case here, in the reward or in the episode's end.
+
     ## Rewards
     ``reward="dynamix"`` (default): acc + alpha max(0, gain) - beta T_iter - delta reg(B)
     - eta (var|g| + std|g|); ``reward="time"``: minus the interval's wall time (minutes by
@@ -91,7 +96,7 @@ class HeteroClusterEnv(gym.Env):
     observation comes from one warm-up interval at those batches.
 
     ## Episode End
-    ``terminated`` when the measured validation accuracy reaches the workload's target;
+    ``terminated`` when the measured validation quality reaches the workload's target;
     ``truncated`` when the wall-clock budget or ``max_decisions`` steps are used up.
 
     ## Arguments
@@ -106,7 +111,8 @@ class HeteroClusterEnv(gym.Env):
     profile's (``None`` otherwise means ``"t4v100"`` and ``"cifar10"``).
 
     ## Version History
-    * v0: initial version (observation schema 1).
+    * v0: initial version (observation schema 1); a workload's metric may fall (WER, loss): the
+      observation, reward and target see it as a rising quality (same dynamics for accuracy).
     """
 
     metadata = {"render_modes": []}

@@ -47,6 +47,40 @@ class BaseController:
     ) -> tuple[np.ndarray, None]:
         raise NotImplementedError
 
+    def check_global_batch(self, field: str, value: int) -> int:
+        """``value`` (a global batch named ``field``) if the backend's workers can run it.
+
+        Raises:
+            ValueError: naming ``field`` and the feasible range [sum of min_batch, sum of max_batch].
+        """
+        lo, hi = int(self.spec.min_batch.sum()), int(self.spec.max_batch.sum())
+        if not lo <= value <= hi:
+            raise ValueError(
+                f"{type(self).__name__}.{field} must lie in [{lo}, {hi}] (the sum of the workers' "
+                f"min_batch and max_batch on this backend), got {value}"
+            )
+        return int(value)
+
     def clip(self, batches: np.ndarray) -> np.ndarray:
         """Whole batches within every worker's [min, max]."""
         return np.clip(np.rint(batches), self.spec.min_batch, self.spec.max_batch).astype(np.int64)
+
+
+def memory_global_batch(spec: BackendSpec, fraction: float) -> int:
+    """The global batch ``fraction`` of the cluster's memory capacity, a workload-relative default:
+
+        M = max(round(fraction * sum_i max_batch_i), sum_i min_batch_i)
+
+    ``max_batch`` is every worker's memory cap (what AdaptDL asks its user for as the largest
+    batch), so the rule scales with the workload and the cluster rather than with CIFAR-10.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction of the memory capacity must be in (0, 1], got {fraction!r}")
+    return max(round(fraction * float(spec.max_batch.sum())), int(spec.min_batch.sum()))
+
+
+def check_fraction(owner: str, field: str, value: float) -> float:
+    """``value`` as a float if it lies in (0, 1]; else a ValueError naming ``owner.field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
+        raise ValueError(f"{owner}.{field} must be in (0, 1], got {value!r}")
+    return float(value)

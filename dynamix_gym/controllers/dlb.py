@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec
-from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.controllers.base import BaseController, check_fraction, memory_global_batch
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
 
 
@@ -31,17 +31,34 @@ class DLBController(BaseController):
     ``tolerance`` (relative): each change costs a reconfiguration pause. Lost workers keep their
     batch and are left out of M.
 
+    The global batch is the user's choice in DBS. Its default follows the workload and cluster,
+    never an absolute CIFAR-10 batch: ``global_fraction`` of the cluster's memory capacity,
+
+        M = max(round(global_fraction * sum_i max_batch_i), sum_i min_batch_i)
+
+    with ``global_fraction`` tuned jointly on the workload families' tuning seeds (CIFAR-10 and
+    NCF in the simulator, the digits drop-in example on real DDP; results/baselines/TUNING.md).
+
     Args:
-        global_batch: M, the global batch held fixed (samples); ``None`` uses the backend's
-            initial global batch.
+        global_batch: M, the global batch held fixed (samples); ``None`` uses the rule above. It
+            must lie within the backend's [sum of min_batch, sum of max_batch] (checked at reset).
+        global_fraction: fraction of the memory capacity the default M takes, in (0, 1].
         window: intervals of throughput averaged (>= 1).
         tolerance: smallest relative batch change worth a reconfiguration, in [0, 1).
     """
 
     name: ClassVar[str] = "dlb"
 
-    def __init__(self, global_batch: int | None = 3072, window: int = 1, tolerance: float = 0.02) -> None:
-        if global_batch is not None and (int(global_batch) != global_batch or global_batch < 1):
+    def __init__(
+        self,
+        global_batch: int | None = None,
+        global_fraction: float = 0.25,
+        window: int = 1,
+        tolerance: float = 0.02,
+    ) -> None:
+        if global_batch is not None and (
+            isinstance(global_batch, bool) or int(global_batch) != global_batch or global_batch < 1
+        ):
             raise ValueError(
                 f"DLBController.global_batch must be None or an integer >= 1, got {global_batch!r}"
             )
@@ -50,12 +67,16 @@ class DLBController(BaseController):
         if not 0.0 <= tolerance < 1.0:
             raise ValueError(f"DLBController.tolerance must be in [0, 1), got {tolerance!r}")
         self.global_batch = None if global_batch is None else int(global_batch)
+        self.global_fraction = check_fraction("DLBController", "global_fraction", global_fraction)
         self.window = int(window)
         self.tolerance = float(tolerance)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
-        self.target_global_batch = self.global_batch or int(spec.initial_batch.sum())
+        if self.global_batch is None:
+            self.target_global_batch = memory_global_batch(spec, self.global_fraction)
+        else:
+            self.target_global_batch = self.check_global_batch("global_batch", self.global_batch)
         self._rates: deque[np.ndarray] = deque(maxlen=self.window)
 
     def predict(

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec
-from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.controllers.base import BaseController, check_fraction, memory_global_batch
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
 
 
@@ -28,30 +28,51 @@ class OmniLearnController(BaseController):
         b_i' = b_i * (1 + gain * e_i)               # P-control: gain 1 is one proportional step
         b'   = b' rescaled to sum to M, clipped to [min_i, max_i] (excess re-shared), whole samples
 
+    The global batch is the user's choice; its default follows the workload and cluster, never
+    an absolute CIFAR-10 batch: ``global_fraction`` of the cluster's memory capacity,
+
+        M = max(round(global_fraction * sum_i max_batch_i), sum_i min_batch_i)
+
+    (the rule and tuning DLB uses; results/baselines/TUNING.md).
+
     Args:
         gain: proportional gain K_p, in (0, 2).
         deadband: relative deviation from the mean compute time tolerated without change, [0, 1).
-        global_batch: M, held fixed (samples); ``None`` uses the backend's initial global batch.
+        global_batch: M, held fixed (samples); ``None`` uses the rule above. It must lie within the
+            backend's [sum of min_batch, sum of max_batch] (checked at reset).
+        global_fraction: fraction of the memory capacity the default M takes, in (0, 1].
     """
 
     name: ClassVar[str] = "omnilearn"
 
-    def __init__(self, gain: float = 1.5, deadband: float = 0.1, global_batch: int | None = 3072) -> None:
+    def __init__(
+        self,
+        gain: float = 1.5,
+        deadband: float = 0.1,
+        global_batch: int | None = None,
+        global_fraction: float = 0.25,
+    ) -> None:
         if not 0.0 < gain < 2.0:
             raise ValueError(f"OmniLearnController.gain must be in (0, 2), got {gain!r}")
         if not 0.0 <= deadband < 1.0:
             raise ValueError(f"OmniLearnController.deadband must be in [0, 1), got {deadband!r}")
-        if global_batch is not None and (int(global_batch) != global_batch or global_batch < 1):
+        if global_batch is not None and (
+            isinstance(global_batch, bool) or int(global_batch) != global_batch or global_batch < 1
+        ):
             raise ValueError(
                 f"OmniLearnController.global_batch must be None or an integer >= 1, got {global_batch!r}"
             )
         self.gain = float(gain)
         self.deadband = float(deadband)
         self.global_batch = None if global_batch is None else int(global_batch)
+        self.global_fraction = check_fraction("OmniLearnController", "global_fraction", global_fraction)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
-        self.target_global_batch = self.global_batch or int(spec.initial_batch.sum())
+        if self.global_batch is None:
+            self.target_global_batch = memory_global_batch(spec, self.global_fraction)
+        else:
+            self.target_global_batch = self.check_global_batch("global_batch", self.global_batch)
 
     def predict(
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True

@@ -185,13 +185,20 @@ class PolluxController(BaseController):
       b lies within [``min_local_batch``, the smallest memory cap among live workers] (no
       gradient accumulation), M within [M0, ``max_global_batch``], searched over 50 geometric
       values as ``GoodputFunction.optimize`` does.
+    * Bounds follow the workload and cluster, never CIFAR-10's absolute values: AdaptDL asks its
+      user for the largest batch that fits, which is the workers' memory, so by default
+      ``max_global_batch`` = sum_i max_batch_i (the local cap binds first: R x the smallest cap),
+      and ``min_local_batch`` = the largest of the workers' min_batch (AdaptDL's default
+      ``local_bsz_bounds=None``: no bound of its own).
     * Re-optimised once per epoch of the training set (``report.epoch``); the first suggestion is
       taken as is, later ones only if their predicted goodput beats the current batch's by the
       factor ``speedup_threshold`` (AdaptDL's 1.05).
 
     Args:
-        max_global_batch: largest global batch the job allows (AdaptDL's ``max_batch_size``).
-        min_local_batch: smallest local batch (AdaptDL's ``local_bsz_bounds[0]``).
+        max_global_batch: largest global batch the job allows (AdaptDL's ``max_batch_size``),
+            >= 1; ``None``: the workers' memory, sum_i max_batch_i.
+        min_local_batch: smallest local batch (AdaptDL's ``local_bsz_bounds[0]``), >= 1;
+            ``None``: the workers' own floor, max_i min_batch_i.
         speedup_threshold: predicted goodput ratio a new batch must reach, >= 1.
         noise_smoothing: EMA weight of the newest interval in the noise-scale estimate, (0, 1].
         grid_points: global batches searched (>= 2).
@@ -201,34 +208,31 @@ class PolluxController(BaseController):
 
     def __init__(
         self,
-        max_global_batch: int = 4096,
-        min_local_batch: int = 32,
+        max_global_batch: int | None = None,
+        min_local_batch: int | None = None,
         speedup_threshold: float = 1.05,
         noise_smoothing: float = 0.5,
         grid_points: int = 50,
     ) -> None:
-        if int(max_global_batch) != max_global_batch or max_global_batch < 1:
-            raise ValueError(
-                f"PolluxController.max_global_batch must be an integer >= 1, got {max_global_batch!r}"
-            )
-        if int(min_local_batch) != min_local_batch or min_local_batch < 1:
-            raise ValueError(
-                f"PolluxController.min_local_batch must be an integer >= 1, got {min_local_batch!r}"
-            )
+        for field, value in (("max_global_batch", max_global_batch), ("min_local_batch", min_local_batch)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"PolluxController.{field} must be None or an integer >= 1, got {value!r}")
         if speedup_threshold < 1.0:
             raise ValueError(f"PolluxController.speedup_threshold must be >= 1, got {speedup_threshold!r}")
         if not 0.0 < noise_smoothing <= 1.0:
             raise ValueError(f"PolluxController.noise_smoothing must be in (0, 1], got {noise_smoothing!r}")
         if int(grid_points) != grid_points or grid_points < 2:
             raise ValueError(f"PolluxController.grid_points must be an integer >= 2, got {grid_points!r}")
-        self.max_global_batch = int(max_global_batch)
-        self.min_local_batch = int(min_local_batch)
+        self.max_global_batch = None if max_global_batch is None else int(max_global_batch)
+        self.min_local_batch = None if min_local_batch is None else int(min_local_batch)
         self.speedup_threshold = float(speedup_threshold)
         self.noise_smoothing = float(noise_smoothing)
         self.grid_points = int(grid_points)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
+        self._max_m = int(spec.max_batch.sum()) if self.max_global_batch is None else self.max_global_batch
+        self._min_local = int(spec.min_batch.max()) if self.min_local_batch is None else self.min_local_batch
         self.noise = NoiseScaleEstimator(self.noise_smoothing)
         # (nodes, replicas, local batch) -> [iterations, sum of step times, sum of compute times]
         self._profile: dict[tuple[int, int, int], list[float]] = {}
@@ -307,9 +311,9 @@ class PolluxController(BaseController):
         self._fit()
         spec = self.spec
         cap = int(spec.max_batch[alive].min())
-        floor = max(self.min_local_batch, int(spec.min_batch[alive].max()))
+        floor = max(self._min_local, int(spec.min_batch[alive].max()))
         lo_m = max(spec.base_batch, floor * replicas)
-        hi_m = max(lo_m, min(self.max_global_batch, cap * replicas))
+        hi_m = max(lo_m, min(self._max_m, cap * replicas))
         totals = np.geomspace(lo_m, hi_m, self.grid_points)
         local = np.ceil(totals / replicas - 1e-8)
         local = local[(local >= floor) & (local <= cap)]

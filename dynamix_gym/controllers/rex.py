@@ -16,7 +16,7 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 
 from dynamix_gym.backend import BackendSpec
-from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.controllers.base import BaseController, memory_global_batch
 from dynamix_gym.controllers.split import equal_time_split, fill_to_total, round_to_total
 from dynamix_gym.controllers.threads import single_blas_thread
 from dynamix_gym.stats import (
@@ -179,7 +179,11 @@ class REXController(BaseController):
     Args:
         initial_global_batch: M at the start; ``None`` is the backend's initial global batch.
         min_global_batch: floor of M; ``None`` is half the initial global batch.
-        max_global_batch: ceiling of M (also capped by the workers' memory).
+        max_global_batch: ceiling of M (also capped by the workers' memory); ``None``:
+            ``max_global_fraction`` of the memory capacity (below).
+        max_global_fraction: the default ceiling's share of the memory capacity, in (0, 1]:
+            max(round(f * sum_i max_batch_i), sum_i min_batch_i), a workload-relative rule
+            tuned on the tuning seeds of CIFAR-10 and NCF (results/baselines/TUNING.md).
         growth: factor of an exponential increase (> 1).
         decrease: factor of a multiplicative decrease, in (0, 1).
         min_efficiency: efficiency bar of an increase, in (0, 1).
@@ -200,7 +204,8 @@ class REXController(BaseController):
         self,
         initial_global_batch: int | None = None,
         min_global_batch: int | None = None,
-        max_global_batch: int = 4096,
+        max_global_batch: int | None = None,
+        max_global_fraction: float = 0.25,
         growth: float = 2.0,
         decrease: float = 0.5,
         min_efficiency: float = 0.1,
@@ -218,11 +223,12 @@ class REXController(BaseController):
         for field, value in (
             ("initial_global_batch", initial_global_batch),
             ("min_global_batch", min_global_batch),
+            ("max_global_batch", max_global_batch),
         ):
             if value is not None and (int(value) != value or value < 1):
                 raise ValueError(f"REXController.{field} must be None or an integer >= 1, got {value!r}")
         checks = (
-            ("max_global_batch", max_global_batch, 1, np.inf),
+            ("max_global_fraction", max_global_fraction, 1e-9, 1.0),
             ("growth", growth, 1.0 + 1e-9, np.inf),
             ("decrease", decrease, 1e-9, 1.0 - 1e-9),
             ("min_efficiency", min_efficiency, 1e-9, 1.0 - 1e-9),
@@ -242,7 +248,8 @@ class REXController(BaseController):
                 raise ValueError(f"REXController.{field} must be in [{low:g}, {high:g}], got {value!r}")
         self.initial_global_batch = initial_global_batch
         self.min_global_batch = min_global_batch
-        self.max_global_batch = int(max_global_batch)
+        self.max_global_batch = None if max_global_batch is None else int(max_global_batch)
+        self.max_global_fraction = float(max_global_fraction)
         self.growth = float(growth)
         self.decrease = float(decrease)
         self.min_efficiency = float(min_efficiency)
@@ -263,6 +270,10 @@ class REXController(BaseController):
         m0 = int(spec.initial_batch.sum())
         self.global_batch = int(self.initial_global_batch or m0)
         self._min_m = int(self.min_global_batch or max(1, m0 // 2))
+        if self.max_global_batch is None:
+            self._max_m = memory_global_batch(spec, self.max_global_fraction)
+        else:
+            self._max_m = self.check_global_batch("max_global_batch", self.max_global_batch)
         self.noise = NoiseScaleEstimator(self.noise_smoothing)
         self._raw_noise: deque[float] = deque(maxlen=self.test_window)
         self.models = [WorkerTimeModel() for _ in range(n)]
@@ -287,7 +298,7 @@ class REXController(BaseController):
             return False
         m, m0 = self.global_batch, self.spec.base_batch
         cap = int(self.spec.max_batch[report.alive].sum()) if report.alive.any() else m
-        m_up = min(round(m * self.growth), self.max_global_batch, cap)
+        m_up = min(round(m * self.growth), self._max_m, cap)
         if m_up > m and len(self._raw_noise) == self.test_window:
             d = statistical_efficiency(np.array(self._raw_noise), m_up, m0) - self.min_efficiency
             if self._wilcoxon_greater(d):

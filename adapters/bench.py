@@ -6,6 +6,10 @@ with torch's Python all-reduce comm hook, and the same loop with
 :class:`~adapters.torchrun.DynamixController` (comm hook, per-iteration measurement, a decision
 every K steps: gather, policy, broadcast). Both loops validate at the same cadence, so only the
 controller's own work differs. Each segment's time is the slowest rank's.
+
+``cfg["device"]`` (default ``cpu``) places every rank's model and data; with ``cuda`` all ranks
+share GPU 0 over gloo (NCCL refuses two ranks on one device) and each segment ends with a device
+synchronisation, so queued kernels are inside the time they belong to.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -34,13 +39,28 @@ def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
     from adapters.torchrun import DynamixController  # after the group exists
 
+    device = torch.device(cfg.get("device", "cpu"))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
     data = load_dataset(cfg["dataset"])
+    data = replace(
+        data,
+        x_train=data.x_train.to(device),
+        y_train=data.y_train.to(device),
+        x_val=data.x_val.to(device),
+        y_val=data.y_val.to(device),
+    )
     k, n_iter, batch = int(cfg["interval"]), int(cfg["iterations"]), int(cfg["batch"])
     batches = [batch] * world
 
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     def make() -> tuple[DDP, torch.optim.Optimizer]:
         torch.manual_seed(0)
-        m = DDP(build_model(cfg["model"], data.input_shape, data.num_classes))
+        m = DDP(build_model(cfg["model"], data.input_shape, data.num_classes).to(device))
         return m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
 
     plain, plain_opt = make()
@@ -89,6 +109,7 @@ def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
             _ = (loss.detach(), (out.argmax(1) == y).sum())
             if (it + 1) % k == 0:
                 evaluate()
+        sync()
         return _slowest(time.perf_counter() - t0)
 
     def run_ctl() -> tuple[float, float]:
@@ -106,6 +127,7 @@ def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
             ctl_opt.step()
             ctl_opt.zero_grad()
             ctl.end(loss.detach(), (out.argmax(1) == y).sum())
+        sync()
         return _slowest(time.perf_counter() - t0), _slowest(ctl.overhead_s - over0)
 
     run_plain(), run_plain(hooked, hooked_opt), run_ctl()  # warm-up: bucket rebuilds, caches

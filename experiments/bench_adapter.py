@@ -59,14 +59,16 @@ def run(cfg: DictConfig) -> dict:
         config={
             k: conf[k]
             for k in ("workers", "dataset", "model", "batch", "interval", "iterations", "rounds", "policy")
-        },
+        }
+        | {"device": conf.get("device", "cpu")},
         decisions=out["decisions"],
         decision_timings_rank0_s=out["timings"],
         machine={"cpu_count": os.cpu_count(), "python": platform.python_version()},
         command="python -m experiments.bench_adapter",
     )
     print(
-        f"Controller overhead on real DDP ({cfg.workers} gloo ranks, {cfg.model}/{cfg.dataset}, "
+        f"Controller overhead on real DDP ({cfg.workers} gloo ranks on {conf.get('device', 'cpu')}, "
+        f"{cfg.model}/{cfg.dataset}, "
         f"local batch {cfg.batch}, K = {cfg.interval}, {cfg.iterations} steps per segment)"
     )
     print(

@@ -392,11 +392,16 @@ class AppFit:
     notes: list[str] = field(default_factory=list)
 
 
-def fit_app(app: str, traces: Sequence[Trace], memory_fraction: float) -> AppFit:
-    """Fit the convergence model of one measured application from its traces."""
-    check_choice("application", app, APP_SPECS)
+def fit_app(app: str, traces: Sequence[Trace], memory_fraction: float, spec: AppSpec | None = None) -> AppFit:
+    """Fit the convergence model of one measured application from its traces.
+
+    ``spec``: what the traces do not say (:data:`APP_SPECS`'s entry of a shipped application; for
+    a new one :func:`sim.traces_table.app_spec` builds it from the workload's metric).
+    """
+    if spec is None:
+        check_choice("application", app, APP_SPECS)
+        spec = APP_SPECS[app]
     check_range("batch memory fraction", memory_fraction, 0.0, 1.0, low_open=True)
-    spec = APP_SPECS[app]
     base_batch = min(t.global_batch for t in traces)
     grad = fit_grad_stats(traces, base_batch)
     acc = fit_accuracy(traces, spec.acc_chance, ref_batch=base_batch)

@@ -128,8 +128,8 @@ def read_profile_table(path_or_df: str | Path | pd.DataFrame) -> pd.DataFrame:
     Raises:
         ValueError: naming the column, the offending row and the allowed range, for a missing
             column, a non-numeric / NaN / infinite value, a local batch that is not an integer
-            >= 1, a non-positive step time, a sync time outside [0, step_time_s], or a placement
-            that disagrees with num_nodes / num_gpus.
+            >= 1, a non-positive step time, a sync time outside [0, step_time_s], a placement
+            that disagrees with num_nodes / num_gpus, or a (gpu, app) measured at one local batch.
     """
     if isinstance(path_or_df, pd.DataFrame):
         df = path_or_df.copy()
@@ -236,6 +236,14 @@ def read_profile_table(path_or_df: str | Path | pd.DataFrame) -> pd.DataFrame:
     nodes_v = df["num_nodes"].to_numpy()
     gpus_v = df["num_gpus"].to_numpy()
     fail_first("num_nodes", nodes_v, nodes_v > gpus_v, 1.0, gpus_v, what=" (at most num_gpus)")
+    for (gpu, app), pair in df.groupby(["gpu", "app"], sort=True):
+        sizes = sorted(set(pair["local_batch"].tolist()))
+        if len(sizes) < 2:
+            pos = [df.index.get_loc(i) for i in pair.index]
+            raise ValueError(
+                f"local_batch in {where(pos[0])} and the other {len(pos) - 1} row(s) of ({gpu}, {app}) "
+                f"holds a single batch size {sizes}: fitting the compute model needs 2 or more"
+            )
     return df.reset_index(drop=True)
 
 

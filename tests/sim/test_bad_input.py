@@ -34,7 +34,7 @@ def sim() -> Simulator:
         (lambda: mixed_cluster({"TPU": 2}), r"unknown gpu type 'TPU'"),
         (lambda: compute_params("P100", "cifar10"), r"unknown gpu type .*'P100'.*'T4'"),
         (lambda: compute_params("T4", "gpt5"), r"unknown application for T4 .*'gpt5'"),
-        (lambda: get_workload("mnist"), r"unknown workload 'mnist'; choose one of \['cifar10'"),
+        (lambda: get_workload("mnist"), r"unknown workload 'mnist'; choose one of \['bert', 'cifar10'"),
         (lambda: get_scenario("volcano"), r"unknown scenario 'volcano'"),
         (lambda: get_cluster("moon"), r"unknown cluster 'moon'"),
         (lambda: default_cluster(0), r"workers must be in \[1, 4096\], got 0"),

@@ -6,6 +6,7 @@ oracle alone reads ``report.truth``) and emits absolute local batches. Build one
 """
 
 from dynamix_gym.controllers.base import BaseController, Controller
+from dynamix_gym.controllers.cannikin import CannikinController
 from dynamix_gym.controllers.dlb import DLBController
 from dynamix_gym.controllers.omnilearn import OmniLearnController
 from dynamix_gym.controllers.oracle import OracleController
@@ -19,6 +20,7 @@ __all__ = [
     "CONTROLLERS",
     "STATIC_GRID",
     "BaseController",
+    "CannikinController",
     "Controller",
     "DLBController",
     "OmniLearnController",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynamix_gym.controllers.base import Controller
+from dynamix_gym.controllers.cannikin import CannikinController
 from dynamix_gym.controllers.dlb import DLBController
 from dynamix_gym.controllers.omnilearn import OmniLearnController
 from dynamix_gym.controllers.oracle import OracleController
@@ -20,6 +21,7 @@ CONTROLLERS: dict[str, type] = {
     "omnilearn": OmniLearnController,
     "pollux": PolluxController,
     "rex": REXController,
+    "cannikin": CannikinController,
     "random": RandomController,
     "oracle": OracleController,
 }

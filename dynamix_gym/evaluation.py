@@ -84,6 +84,9 @@ def run_episode(
     check = getattr(controller, "check_env", None)
     if check is not None:  # e.g. a PPO bundle refusing an env with another action set
         check(base)
+    prepare = getattr(controller, "prepare", None)
+    if prepare is not None:  # e.g. the hindsight limit, which searches replays of this very episode
+        prepare(env, seed)
     obs, info = env.reset(seed=seed)
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec

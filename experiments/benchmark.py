@@ -1,0 +1,435 @@
+"""dynamix-bench-v1: score a controller on a split of the benchmark, against the hindsight limit.
+
+    python -m experiments.benchmark controller=hindsight split=test      # the limit (run it first)
+    python -m experiments.benchmark controller=static split=test         # every static batch; best per task
+    python -m experiments.benchmark controller=dlb split=test
+    python -m experiments.benchmark controller=ppo controller.path=results/headline/policy label=ppo-headline
+    python -m experiments.benchmark controller=dlb split=test hydra/launcher=submitit_slurm
+
+The suite is declared in ``conf/benchmark/v1.yaml``: tasks (workload x cluster x scenario, each a
+config name) in splits ``train`` (training, tuning, imitation) and ``test`` (scoring alone), with the
+seeds of each split. A plain run orchestrates: it launches a Hydra multirun of this app over
+``task`` x ``seed`` (x ``controller.batch`` for the static grid) through the configured launcher
+(joblib locally, submitit on SLURM), then scores what came back. Each multirun job (``task=<name>``
+set) runs one episode and writes its ``timeline.csv`` and a ``run.json`` row.
+
+Scoring (:func:`score`), written to ``results/benchmark/<label>/<split>/`` as ``runs.csv``,
+``summary.json`` and ``summary.md`` (the command at the top):
+
+* per task and seed: the time to accuracy, the hindsight limit's (``results/benchmark/hindsight``),
+  the best static batch's (``results/benchmark/static``: the one batch per task with the best mean
+  over the task's seeds), whether the target was reached;
+* ``ratio`` = (TTA, or the time budget if the target was missed) / the limit's TTA;
+* summary scores: the geometric mean of the ratios, the share of runs reaching the target, the
+  worst task (highest geometric mean over its seeds). A run faster than the limit is flagged
+  (``limit_beaten``): it means the planner missed a schedule, a bug to fix in the planner.
+
+After scoring, ``results/benchmark/<split>_ratios.png`` (TTA / limit per task, every scored
+controller side by side) and ``results/benchmark/README.md`` (the scores of every label) are
+rebuilt from what is under ``results/benchmark``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate, to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.reward import RewardConfig
+from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
+from experiments.evaluate import record_run
+from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = REPO_ROOT / "conf"
+#: What a task names, and the config group each name is looked up in.
+TASK_GROUPS = {"workload": workload_from_dict, "cluster": cluster_from_dict, "scenario": scenario_from_dict}
+TASK_KEYS = (*TASK_GROUPS, "interval")
+#: The label whose runs are the hindsight limit, and the static grid's.
+LIMIT_LABEL = "hindsight"
+STATIC_LABEL = "static"
+#: Keys of the orchestrating run that the multirun sets itself.
+_OWN_KEYS = ("task", "seed", "controller.batch", "hydra.sweep.dir", "score_only")
+
+
+# --------------------------------------------------------------------------------------------
+# The suite
+# --------------------------------------------------------------------------------------------
+def split_tasks(bench: DictConfig | dict, split: str) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """The tasks (name -> spec) and seeds of ``split``, checked."""
+    bench = plain(bench)
+    splits = bench.get("splits", {})
+    if split not in splits:
+        raise ValueError(f"benchmark {bench.get('name')!r} has no split {split!r}; splits: {sorted(splits)}")
+    entry = splits[split]
+    tasks, seeds = dict(entry.get("tasks") or {}), list(entry.get("seeds") or [])
+    if not tasks or not seeds:
+        raise ValueError(f"benchmark split {split!r} needs at least one task and one seed")
+    for name, task in tasks.items():
+        unknown = sorted(set(task) - set(TASK_KEYS))
+        missing = [k for k in TASK_GROUPS if k not in task]
+        if unknown or missing:
+            raise ValueError(
+                f"benchmark task {name!r}: unknown keys {unknown} / missing keys {missing}; a task has "
+                f"{list(TASK_GROUPS)} (config names) and optionally interval"
+            )
+        for group in TASK_GROUPS:
+            path = CONF_DIR / group / f"{task[group]}.yaml"
+            if not path.exists():
+                raise ValueError(
+                    f"benchmark task {name!r}: {group} {task[group]!r} has no config {shown(path)}"
+                )
+    return tasks, [int(s) for s in seeds]
+
+
+def check_suite(bench: DictConfig | dict) -> None:
+    """The split rules: seeds never shared between splits, and every test task differs from every
+    train task in at least one of workload, cluster or scenario."""
+    bench = plain(bench)
+    train, train_seeds = split_tasks(bench, "train")
+    test, test_seeds = split_tasks(bench, "test")
+    shared = sorted(set(train_seeds) & set(test_seeds))
+    if shared:
+        raise ValueError(f"benchmark seeds {shared} are in both the train and the test split")
+    triples = {(t["workload"], t["cluster"], t["scenario"]) for t in train.values()}
+    for name, t in test.items():
+        if (t["workload"], t["cluster"], t["scenario"]) in triples:
+            raise ValueError(f"test task {name!r} repeats a train task's workload, cluster and scenario")
+
+
+def task_specs(task: dict[str, Any], reward: Any) -> dict[str, Any]:
+    """The simulator's specs of a task (each name loaded from its config group)."""
+    specs = {
+        group: convert(plain(OmegaConf.load(CONF_DIR / group / f"{task[group]}.yaml")))
+        for group, convert in TASK_GROUPS.items()
+    }
+    specs["reward"] = RewardConfig.from_any(plain(reward))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------
+# One job of the multirun: one task, one seed
+# --------------------------------------------------------------------------------------------
+def run_task(cfg: DictConfig, out: Path) -> float:
+    tasks, _ = split_tasks(cfg.benchmark, str(cfg.split))
+    name = str(cfg.task)
+    if name not in tasks:
+        raise ValueError(f"task {name!r} is not in split {cfg.split!r}; tasks: {sorted(tasks)}")
+    task = tasks[name]
+    specs = task_specs(task, cfg.reward)
+    overrides = {}
+    if "cache_dir" in cfg.controller and cfg.controller.cache_dir is not None:
+        overrides["cache_dir"] = to_absolute_path(str(cfg.controller.cache_dir))
+    controller = instantiate(cfg.controller, **overrides)
+    interval = int(task.get("interval", 50))
+    env = instantiate(cfg.backend)(
+        **specs, action_mode=controller.action_mode, interval=interval, **plain(cfg.env)
+    )
+    try:
+        spec = env.unwrapped.backend.spec
+        if controller.name == "static" and _duplicate_static(int(controller.batch), spec):
+            log.info(
+                "static-%d on %s: every worker is clipped as at a neighbouring batch; skipped",
+                controller.batch,
+                name,
+            )
+            return math.nan
+        t0 = time.perf_counter()
+        result = run_episode(env, controller, int(cfg.seed), scenario=specs["scenario"].name)
+        elapsed = time.perf_counter() - t0
+    finally:
+        env.close()
+    summary, tta = record_run(out, result, controller, specs, spec, interval)
+    row = {
+        "task": name,
+        "split": str(cfg.split),
+        "seed": int(cfg.seed),
+        "label": str(cfg.label or controller.name),
+        "controller": summary["controller"],
+        "workload": task["workload"],
+        "cluster": task["cluster"],
+        "scenario": task["scenario"],
+        "workers": int(spec.num_workers),
+        "reached_target": bool(summary["reached_target"]),
+        "time_to_accuracy_s": float(summary["time_to_accuracy_s"]),
+        "total_time_s": float(summary["total_time_s"]),
+        "time_budget_s": float(spec.time_budget_s),
+        "final_metric": summary.get("final_metric", summary["final_accuracy"]),
+        "metric": summary.get("metric", "accuracy"),
+        "decisions": int(summary["decisions"]),
+        "run_s": round(elapsed, 2),
+    }
+    search = getattr(controller, "search_log", None)
+    if search:
+        row["plan"] = search.get("plan")
+        row["search_s"] = search.get("search_s")
+    atomic_write_text(out / "run.json", json.dumps(row, indent=1, default=str) + "\n")
+    return tta
+
+
+def _duplicate_static(batch: int, spec: Any) -> bool:
+    """A static batch whose clipped split equals that of half (or double) the batch adds nothing."""
+    clip = lambda b: np.clip(b, spec.min_batch, spec.max_batch).tolist()  # noqa: E731
+    return batch > 1 and clip(batch) == clip(batch // 2)
+
+
+# --------------------------------------------------------------------------------------------
+# The orchestrating run: launch the multirun, then score
+# --------------------------------------------------------------------------------------------
+def static_batches(cfg: DictConfig) -> list[int]:
+    if cfg.static_batches is not None:
+        return [int(b) for b in cfg.static_batches]
+    return [2**k for k in range(3, 16)]  # 8 .. 32768; clipped duplicates are skipped per task
+
+
+def multirun_command(cfg: DictConfig, sweep_dir: Path) -> list[str]:
+    tasks, seeds = split_tasks(cfg.benchmark, str(cfg.split))
+    hc = HydraConfig.get()
+    forwarded = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") not in _OWN_KEYS]
+    forwarded += [o for o in hc.overrides.hydra if o.startswith(("hydra/launcher", "hydra.launcher"))]
+    cmd = [sys.executable, "-m", "experiments.benchmark", "-m", *forwarded]
+    cmd += [f"task={','.join(tasks)}", f"seed={','.join(map(str, seeds))}", f"hydra.sweep.dir={sweep_dir}"]
+    if str(cfg.controller.get("_target_", "")).endswith("StaticController"):
+        cmd.append(f"controller.batch={','.join(map(str, static_batches(cfg)))}")
+    return cmd
+
+
+def orchestrate(cfg: DictConfig) -> dict[str, Any]:
+    check_suite(cfg.benchmark)
+    label = str(cfg.label or _controller_name(cfg))
+    split = str(cfg.split)
+    root = Path(to_absolute_path(str(cfg.out_root)))
+    sweep_dir = root / label / split / "runs"
+    if not cfg.score_only:
+        cmd = multirun_command(cfg, sweep_dir)
+        log.info("benchmark %s, split %s: %s", label, split, " ".join(cmd))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run(cmd, check=True, cwd=os.getcwd(), env=env)
+    summary = score(root, label, split, command=benchmark_command(cfg))
+    rescore_all(root)  # other labels' ratios move with a new limit or static grid
+    return summary
+
+
+def _controller_name(cfg: DictConfig) -> str:
+    return str(instantiate(cfg.controller).name)
+
+
+def benchmark_command(cfg: DictConfig) -> str:
+    hc = HydraConfig.get()
+    shown_overrides = [o for o in hc.overrides.task if not o.startswith("score_only")]
+    shown_overrides += [o for o in hc.overrides.hydra if o.startswith("hydra/launcher")]
+    return " ".join(["python -m experiments.benchmark", *shown_overrides])
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------
+def load_runs(run_dir: Path) -> pd.DataFrame:
+    rows = [json.loads(p.read_text()) for p in sorted(run_dir.rglob("run.json"))]
+    return pd.DataFrame(rows)
+
+
+def best_static(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per task, the rows of the one static batch with the best mean score over the task's seeds."""
+    runs = runs.assign(score=np.where(runs.reached_target, runs.time_to_accuracy_s, runs.time_budget_s))
+    keep = []
+    for _, group in runs.groupby("task"):
+        means = group.groupby("controller")["score"].mean()
+        keep.append(group[group.controller == means.idxmin()])
+    return pd.concat(keep, ignore_index=True).drop(columns="score")
+
+
+def _by_task_seed(path: Path) -> pd.DataFrame | None:
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df.set_index(["task", "seed"])
+
+
+def score(root: Path, label: str, split: str, command: str = "") -> dict[str, Any]:
+    out = root / label / split
+    runs = load_runs(out / "runs")
+    if runs.empty:
+        raise FileNotFoundError(f"no run.json under {shown(out / 'runs')}: nothing to score")
+    if label == STATIC_LABEL:
+        runs = best_static(runs)
+    runs = runs.sort_values(["task", "seed"]).reset_index(drop=True)
+    runs["score_s"] = np.where(runs.reached_target, runs.time_to_accuracy_s, runs.time_budget_s)
+    # The limit's score: its time to accuracy (or its budget, where no schedule reaches the target).
+    own = runs.set_index(["task", "seed"])
+    limit = own if label == LIMIT_LABEL else _by_task_seed(root / LIMIT_LABEL / split / "runs.csv")
+    static = own if label == STATIC_LABEL else _by_task_seed(root / STATIC_LABEL / split / "runs.csv")
+    key = list(zip(runs.task, runs.seed, strict=True))
+    runs["limit_s"] = [
+        limit.loc[k, "score_s"] if limit is not None and k in limit.index else math.nan for k in key
+    ]
+    runs["best_static_s"] = [
+        static.loc[k, "score_s"] if static is not None and k in static.index else math.nan for k in key
+    ]
+    runs["best_static"] = [
+        static.loc[k, "controller"] if static is not None and k in static.index else "" for k in key
+    ]
+    runs["ratio"] = runs.score_s / runs.limit_s
+    runs["x_best_static"] = runs.score_s / runs.best_static_s
+    atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
+    summary = summarise(runs, label, split, command)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=_json_default) + "\n")
+    atomic_write_text(out / "summary.md", to_markdown(runs, summary))
+    return summary
+
+
+def rescore_all(root: Path) -> None:
+    """Scores every label and split under ``root`` again (the limit first, then the static grid,
+    whose runs the others are read against), keeping each one's command, and rebuilds the index."""
+    dirs = sorted(p.parent for p in root.glob("*/*/runs") if p.is_dir())
+    rank = {LIMIT_LABEL: 0, STATIC_LABEL: 1}
+    for d in sorted(dirs, key=lambda d: (rank.get(d.parent.name, 2), d.parent.name, d.name)):
+        old = d / "summary.json"
+        command = json.loads(old.read_text()).get("command", "") if old.exists() else ""
+        score(root, d.parent.name, d.name, command=command)
+    rebuild_index(root)
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)
+
+
+def _geomean(x: pd.Series) -> float:
+    x = x.dropna()
+    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
+
+
+def summarise(runs: pd.DataFrame, label: str, split: str, command: str) -> dict[str, Any]:
+    per_task = runs.groupby("task")["ratio"].apply(_geomean)
+    beaten = runs[runs.ratio < 1.0 - 1e-9]
+    worst = per_task.idxmax() if per_task.notna().any() else None
+    return {
+        "benchmark": "dynamix-bench-v1",
+        "label": label,
+        "split": split,
+        "command": command,
+        "runs": len(runs),
+        "tasks": int(runs.task.nunique()),
+        "geomean_ratio_to_limit": _geomean(runs.ratio),
+        "geomean_ratio_to_best_static": _geomean(runs.x_best_static),
+        "reached_share": float(runs.reached_target.mean()),
+        "worst_task": worst,
+        "worst_task_ratio": float(per_task.max()) if worst is not None else math.nan,
+        "per_task_ratio": {k: float(v) for k, v in per_task.items()},
+        "limit_beaten": [
+            {"task": r.task, "seed": int(r.seed), "tta_s": float(r.score_s), "limit_s": float(r.limit_s)}
+            for r in beaten.itertuples()
+        ],
+    }
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def to_markdown(runs: pd.DataFrame, s: dict[str, Any]) -> str:
+    lines = [
+        f"# dynamix-bench-v1, split `{s['split']}`: {s['label']}",
+        "",
+        f"    {s['command']}" if s["command"] else "",
+        "",
+        f"- geometric mean of TTA / hindsight limit: **{_f(s['geomean_ratio_to_limit'])}** "
+        f"(a missed target counts its time budget)",
+        f"- geometric mean of TTA / best static batch: {_f(s['geomean_ratio_to_best_static'])}",
+        f"- runs reaching the target: {s['reached_share']:.0%} of {s['runs']}",
+        f"- worst task: {s['worst_task']} ({_f(s['worst_task_ratio'])} x limit)",
+    ]
+    if s["limit_beaten"]:
+        lines.append(
+            f"- **LIMIT BEATEN in {len(s['limit_beaten'])} runs** (a planner bug): {s['limit_beaten']}"
+        )
+    lines += [
+        "",
+        "| task | seed | TTA min | reached | final metric | limit min | best static | best static min | x limit | x best static |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs.itertuples():
+        tta = r.time_to_accuracy_s / 60 if r.reached_target else math.nan
+        lines.append(
+            f"| {r.task} | {r.seed} | {_f(tta, 1)} | {'yes' if r.reached_target else 'no'} | "
+            f"{_f(float(r.final_metric), 4)} {r.metric} | {_f(r.limit_s / 60, 1)} | {r.best_static or '-'} | "
+            f"{_f(r.best_static_s / 60, 1)} | {_f(r.ratio)} | {_f(r.x_best_static)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def rebuild_index(root: Path) -> None:
+    """``README.md`` with every label's scores per split, and one ratio plot per split."""
+    summaries = [json.loads(p.read_text()) for p in sorted(root.glob("*/*/summary.json"))]
+    if not summaries:
+        return
+    lines = [
+        "# dynamix-bench-v1: scores",
+        "",
+        "Rebuilt by `python -m experiments.benchmark` after each scoring; each label's table and command",
+        "are in `<label>/<split>/summary.md`. Ratio: time to accuracy (a missed target counts its budget)",
+        "over the hindsight limit's, geometric mean over every task and seed of the split.",
+        "",
+        "| split | controller | x limit (geomean) | x best static (geomean) | reached | worst task (x limit) | limit beaten |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in sorted(summaries, key=lambda s: (s["split"], s["geomean_ratio_to_limit"])):
+        lines.append(
+            f"| {s['split']} | {s['label']} | {_f(s['geomean_ratio_to_limit'])} | "
+            f"{_f(s['geomean_ratio_to_best_static'])} | {s['reached_share']:.0%} | "
+            f"{s['worst_task']} ({_f(s['worst_task_ratio'])}) | {len(s['limit_beaten'])} |"
+        )
+    atomic_write_text(root / "README.md", "\n".join(lines) + "\n")
+    for split in sorted({s["split"] for s in summaries}):
+        ratio_plot([s for s in summaries if s["split"] == split], root / f"{split}_ratios.png")
+
+
+def ratio_plot(summaries: list[dict[str, Any]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    tasks = sorted({t for s in summaries for t in s["per_task_ratio"]})
+    fig = Figure(figsize=(max(8.0, 0.9 * len(tasks)), 4.5))
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(summaries), 1)
+    for i, s in enumerate(summaries):
+        y = [s["per_task_ratio"].get(t, math.nan) for t in tasks]
+        ax.bar(np.arange(len(tasks)) + i * width, y, width, label=s["label"])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2, tasks, rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("TTA / hindsight limit (geomean over seeds)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="benchmark")
+def main(cfg: DictConfig) -> Any:
+    if cfg.task is not None:
+        return run_task(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return orchestrate(cfg)["geomean_ratio_to_limit"]
+
+
+if __name__ == "__main__":
+    main()

@@ -7,8 +7,8 @@ from typing import Any
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.cannikin import CannikinController
 from dynamix_gym.controllers.dlb import DLBController
-from dynamix_gym.controllers.omnilearn import OmniLearnController
 from dynamix_gym.controllers.hindsight import HindsightController
+from dynamix_gym.controllers.omnilearn import OmniLearnController
 from dynamix_gym.controllers.oracle import OracleController
 from dynamix_gym.controllers.pollux import PolluxController
 from dynamix_gym.controllers.random_controller import RandomController

@@ -89,6 +89,15 @@ def race_profile(
             f"(it has {sorted(gp.compute)}): part `ladder` measures it"
         )
     mem = gp.gpu_memory_gib(gpu)
+    compute = gp.compute[(gpu, app)]
+    cap = int(real["max_batch"]) if isinstance(real["max_batch"], int) else max(real["max_batch"])
+    notes = []
+    if compute.max_batch < cap:  # as experiments.calibrate does for a ladder that stopped below the cap
+        notes.append(
+            f"{gpu}/{app}: measured up to local batch {compute.max_batch}; the memory cap is the real "
+            f"backend's max_batch {cap} (the compute model is extrapolated above {compute.max_batch})"
+        )
+        compute = replace(compute, max_batch=cap)
     node = ProfiledNodeSpec(gpu=gpu, gpus=workers, cpu_cores=os.cpu_count() or 1, mem_gib=mem)
     workload = replace(
         convergence.workload, model=f"{real['model']} / {real['dataset']} ({workers} CUDA ranks, gloo)"
@@ -98,7 +107,7 @@ def race_profile(
         name=f"gpu_race_{gpu.lower()}",
         cluster=ClusterSpec(name=f"{gpu.lower()}x{workers}", nodes=(node,)),
         workload=workload,
-        computes=[gp.compute[(gpu, app)]],
+        computes=[compute],
         comms=[gp.comm[(gpu, app)]],
         convergences=[convergence.convergence_params(workload.convergence)],
         gpu_memory_gib={gpu: mem},
@@ -111,7 +120,8 @@ def race_profile(
                 "step_times_from": str(gpu_profile),
                 "convergence_from": str(convergence.path),
                 "interval": int((convergence.meta.get("provenance") or {}).get("interval") or 20),
-            }
+            },
+            "calibration": {"notes": notes},
         },
     )
 

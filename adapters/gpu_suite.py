@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,56 +79,39 @@ def gpu_label(device_name: str) -> str:
 
 
 def ladder_table(
+    make_backend: Callable[[int], Any],
     *,
-    device: str,
-    model: str,
-    dataset: str,
     app: str,
     gpu: str,
+    model: str,
     batches: dict[int, list[int]],
     iterations: int,
     repeats: int,
     warmup_iterations: int,
     budget_s: float,
-    threads_per_worker: int = 1,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Measured step times as rows of the reference format, and notes on what was left out.
 
-    ``batches``: worker count -> its local-batch ladder. Batches common to every count are
-    measured first, all counts alike (:func:`dynamix_gym.calibration.profile_ladder`: when the
-    budget runs out the top of the ladder is missing for every count); the batches only some counts
-    can hold follow with what is left of the budget.
+    ``make_backend(workers)``: a backend (:class:`adapters.ddp_backend.DDPBackend`, or any other)
+    of that many workers whose local-batch range covers ``batches``, one worker count -> its
+    ladder. Batches common to every count are measured first, all counts alike
+    (:func:`dynamix_gym.calibration.profile_ladder`: when the budget runs out the top of the ladder
+    is missing for every count); the batches only some counts can hold follow with what is left.
+    Rows carry worker type ``gpu`` and application ``app``; ``model`` describes them.
     """
-    from adapters.config import RealDDPConfig
-    from adapters.ddp_backend import DDPBackend
     from dynamix_gym.calibration import profile_ladder, reference_rows
 
     if not batches or any(not b for b in batches.values()):
         raise ValueError(f"batches needs a non-empty ladder per worker count, got {batches!r}")
-    every = sorted({b for bs in batches.values() for b in bs})
     common = sorted(set.intersection(*(set(bs) for bs in batches.values())))
     t_end = time.monotonic() + float(budget_s)
-    backends = {
-        w: DDPBackend(
-            RealDDPConfig(
-                workers=w,
-                device=device,
-                dataset=dataset,
-                model=model,
-                min_batch=min(every),
-                max_batch=max(every),
-                base_batch=min(every),
-                initial_batch=min(every),
-                target_accuracy=1.0,  # profiling never stops at a target
-                threads_per_worker=threads_per_worker,
-            )
-        )
-        for w in sorted(batches)
-    }
     notes: list[str] = []
-    points = []
+    done = []
+    backends: dict[int, Any] = {}
     try:
-        rounds = [(backends, common)]
+        for w in sorted(batches):
+            backends[w] = make_backend(w)
+        rounds = [(dict(backends), common)] if common else []
         for w in sorted(batches):
             extra = sorted(set(batches[w]) - set(common))
             if extra:
@@ -148,16 +132,42 @@ def ladder_table(
             )
             if res.stopped_early:
                 notes.append(res.message())
-            points.append(res)
+            done.append(res)
     finally:
         for be in backends.values():
             be.close()
-    rows = []
-    for res in points:
-        for row in reference_rows(res, app, f"{model}/{dataset} on {device} ranks (gloo)"):
-            rows.append({**row, "gpu": gpu})
+    rows = [{**row, "gpu": gpu} for res in done for row in reference_rows(res, app, model)]
     rows.sort(key=lambda r: (r["app"], r["num_gpus"], r["local_batch"]))
     return rows, notes
+
+
+def ddp_factory(
+    device: str, model: str, dataset: str, batches: dict[int, list[int]], threads_per_worker: int = 1
+) -> Callable[[int], Any]:
+    """``make_backend`` for :func:`ladder_table`: real DDP ranks (gloo) on ``device``."""
+    from adapters.config import RealDDPConfig
+    from adapters.ddp_backend import DDPBackend
+
+    every = sorted({b for bs in batches.values() for b in bs})
+
+    def make(workers: int) -> DDPBackend:
+        return DDPBackend(
+            RealDDPConfig(
+                workers=workers,
+                device=device,
+                dist_backend="gloo",
+                dataset=dataset,
+                model=model,
+                min_batch=every[0],
+                max_batch=every[-1],
+                base_batch=every[0],
+                initial_batch=every[0],
+                target_accuracy=1.0,  # profiling never stops at a target
+                threads_per_worker=threads_per_worker,
+            )
+        )
+
+    return make
 
 
 def write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -337,30 +347,27 @@ def part_ladder(out: Path, budget_s: float, args: argparse.Namespace) -> dict[st
     calib_s = 40.0
     ladder_s = max(t_end - time.monotonic() - calib_s, 10.0)
     rows, notes = ladder_table(
-        device="cuda",
-        model="resnet18",
-        dataset="cifar_synthetic",
+        ddp_factory("cuda", "resnet18", "cifar_synthetic", caps["batches"], threads_per_worker=2),
         app="cifar10",
         gpu=label,
+        model="ResNet-18/CIFAR-shaped generated data fp32, gloo ranks on one GPU",
         batches=caps["batches"],
         iterations=10,
         repeats=3,
         warmup_iterations=3,
         budget_s=0.8 * ladder_s,
-        threads_per_worker=2,
     )
+    race_batches = {w: list(RACE_LADDER_BATCHES) for w in counts}
     race_rows, race_notes = ladder_table(
-        device="cuda",
-        model="cnn",
-        dataset="mnist",
+        ddp_factory("cuda", "cnn", "mnist", race_batches, threads_per_worker=2),
         app=args.race_app,
         gpu=label,
-        batches={w: list(RACE_LADDER_BATCHES) for w in counts},
+        model="cnn/MNIST fp32, gloo ranks on one GPU",
+        batches=race_batches,
         iterations=10,
         repeats=3,
         warmup_iterations=3,
         budget_s=max(t_end - time.monotonic() - calib_s, 5.0),
-        threads_per_worker=2,
     )
     table = write_table(out / "step_times.csv", rows + race_rows)
     fit = calibrate_table(

@@ -20,6 +20,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -29,7 +32,7 @@ import hydra
 import numpy as np
 import pandas as pd
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import atomic_write_text, describe_file, plain, shown
 from sim.calibration import (
@@ -46,10 +49,13 @@ from sim.calibration import (
     write_profile,
 )
 from sim.cluster import ClusterSpec, NodeSpec
+from sim.convergence import ConvergenceParams
 from sim.datafiles import data_path
+from sim.fit_convergence import fit_app
 from sim.fitting import read_profile_table
 from sim.hardware import GPU_MEMORY_GIB, ComputeParams
-from sim.specs_io import workload_from_dict
+from sim.specs_io import spec_from_dict, workload_from_dict, workload_to_dict
+from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS, Workload
 
 log = logging.getLogger(__name__)
@@ -144,35 +150,144 @@ def _node(gpu: str, gpus: int, memory: dict[str, float]) -> NodeSpec:
     return ProfiledNodeSpec(gpu=gpu, gpus=gpus, mem_gib=memory[gpu])
 
 
-def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
-    src = Path(to_absolute_path(str(cfg.table)))
-    table = read_profile_table(src)
-    pairs = parse_pairs(cfg.host_floor_pairs)
-    additive = [str(g) for g in cfg.additive_types or []]
-    fit = fit_table(table, pairs, int(cfg.holdout_every), additive)
-    apps = sorted(set(table["app"]))
+#: Workload fields a workload file may leave out, and what they become (see :func:`table_workload`).
+WORKLOAD_FILE_DEFAULTS = (
+    "model: the name; app: the table's application (app= or the table's only one, else the name); "
+    "convergence: the name; app_params_millions: params_millions; num_classes: 2 (the loss proxy "
+    "only); val_samples: 10000 (the noise of measured validation quality)"
+)
+
+
+def workload_file_dict(ref: str) -> tuple[dict[str, Any], str]:
+    """The fields of ``workload=<ref>``: a YAML file of :class:`Workload` fields, or a preset name."""
+    if ref in WORKLOADS and not Path(ref).suffix:
+        return workload_to_dict(WORKLOADS[ref]), f"preset {ref}"
+    path = Path(to_absolute_path(ref))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"workload={ref}: no such file, nor a preset ({sorted(WORKLOADS)}); give a YAML file of "
+            "sim.workloads.Workload fields (see conf/workload/*.yaml)"
+        )
+    doc = plain(OmegaConf.load(path))
+    if not isinstance(doc, dict):
+        raise ValueError(
+            f"workload file {path.name} must hold a mapping of Workload fields, got {type(doc).__name__}"
+        )
+    return doc, str(path)
+
+
+def table_workload(cfg: DictConfig, apps: list[str], src: Path) -> tuple[Workload, list[str]]:
+    """The profile's workload in table mode, and notes on where it came from.
+
+    ``workload=<file or preset>``: that spec, the fields of :data:`WORKLOAD_FILE_DEFAULTS` filled
+    in. Otherwise the shipped preset of the table's application, or (a new application without a
+    spec) CIFAR-10's figures with its convergence model borrowed, as before.
+    """
+    notes: list[str] = []
+    ref = cfg.get("workload_file")
+    if ref:
+        doc, where = workload_file_dict(str(ref))
+        if "name" not in doc:
+            raise ValueError(f"workload file {where} lacks the required key 'name'")
+        name = str(doc["name"])
+        default_app = str(cfg.app) if cfg.get("app") else (apps[0] if len(apps) == 1 else name)
+        filled = {"model": name, "app": default_app, "convergence": name,
+                  "app_params_millions": doc.get("params_millions"), "num_classes": 2, "val_samples": 10_000}  # fmt: skip
+        given = {k: v for k, v in filled.items() if k not in doc}
+        try:
+            workload = spec_from_dict(Workload, {**given, **doc}, f"workload ({where})")
+        except (TypeError, ValueError) as err:
+            raise ValueError(str(err)) from None
+        if given:
+            notes.append(f"workload {name} from {where}; not given there, so set: {given}")
+        return workload, notes
     app = str(cfg.app) if cfg.get("app") else ("cifar10" if "cifar10" in apps else apps[0])
     if app not in apps:
         raise ValueError(f"app {app!r} has no rows in {src.name} (apps: {apps})")
     shipped = [w for w in WORKLOADS.values() if w.app == app and w.name == app]
-    notes = []
     if shipped:
-        workload = shipped[0]
-    else:
-        wl = {"name": app, "model": app, "app": app, "convergence": "cifar10", "params_millions": 11.17,
-              "app_params_millions": 11.17, "samples_per_epoch": 50_000, "target_accuracy": 0.93,
-              "num_classes": 10, "val_samples": 10_000}  # fmt: skip
-        wl.update(plain(cfg.get("workload")) or {})
-        workload = workload_from_dict(wl)
+        return shipped[0], notes
+    wl = {"name": app, "model": app, "app": app, "convergence": "cifar10", "params_millions": 11.17,
+          "app_params_millions": 11.17, "samples_per_epoch": 50_000, "target_accuracy": 0.93,
+          "num_classes": 10, "val_samples": 10_000}  # fmt: skip
+    wl.update(plain(cfg.get("workload")) or {})
+    workload = workload_from_dict(wl)
+    if not cfg.get("traces"):
         notes.append(
             f"application {app!r} is not a shipped workload: its workload spec is {wl} and it borrows "
-            f"the convergence model {workload.convergence!r}"
+            f"the convergence model {workload.convergence!r} (give workload=<yaml> and traces=<csv>)"
         )
+    return workload, notes
+
+
+def fit_traces(cfg: DictConfig, workload: Workload) -> tuple[Workload, ConvergenceParams, dict[str, Any]]:
+    """The workload's convergence model fitted to ``traces=<csv>`` (:func:`sim.fit_convergence.fit_app`)
+    and its report: accuracy RMSE (quality and metric units) and epochs-to-target Kendall tau."""
+    path = Path(to_absolute_path(str(cfg.traces)))
+    if workload.convergence == "cifar10" and workload.name != "cifar10":
+        workload = replace(workload, convergence=workload.name)  # its own model, not the borrowed one
+    traces = read_traces(path, workload)
+    spec = app_spec(workload, traces)
+    fit = fit_app(workload.convergence, traces, float(cfg.memory_fraction), spec)
+    m = workload.metric
+    ordering = [{**o, "target_metric": float(m.from_quality(o["target"]))} for o in fit.ordering]
+    report = {
+        "source": describe_file(path),
+        "metric": {"name": m.name, "higher_is_better": m.higher_is_better, "scale": m.scale, "untrained": m.untrained},
+        "batches": [t.global_batch for t in traces],
+        "accuracy_rmse": fit.rmse["all"],  # quality fraction
+        "accuracy_rmse_metric": fit.rmse["all"] / m.scale,  # metric units
+        "accuracy_rmse_by_batch": {b: v for b, v in fit.rmse.items() if b != "all"},
+        "ordering": ordering,
+        "kendall_tau": {f"{o['target_metric']:.6g}": o["kendall_tau"] for o in ordering},
+        "adascale_steps_rel_error": fit.iteration_rel_error,
+        "noise_scale_at_epochs": fit.grad.noise_scale_at_epochs,
+        "notes": fit.notes,
+    }  # fmt: skip
+    return workload, fit.params, report
+
+
+def fit_figures(profile: ClusterProfile, convergence: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures every fit report gives: step-time leave-one-batch-out MdAPE per worker type
+    (the workload's application), accuracy RMSE and epochs-to-target Kendall tau (with traces)."""
+    app = profile.workload.app
+    out: dict[str, Any] = {
+        "step_time_loo_mdape": {g: p.loo_mdape for (g, a), p in sorted(profile.compute.items()) if a == app},
+    }
+    if convergence:
+        out |= {
+            "metric": convergence["metric"]["name"],
+            "accuracy_rmse": convergence["accuracy_rmse"],
+            "accuracy_rmse_metric": convergence["accuracy_rmse_metric"],
+            "epochs_to_target_kendall_tau": convergence["kendall_tau"],
+        }
+    return out
+
+
+def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
+    src = Path(to_absolute_path(str(cfg.table)))
+    table = read_profile_table(src)
+    apps = sorted(set(table["app"]))
+    workload, notes = table_workload(cfg, apps, src)
+    if workload.app not in apps:
+        raise ValueError(
+            f"workload {workload.name}: app {workload.app!r} has no rows in {src.name} (column app holds {apps})"
+        )
+    convergences, conv_report = [], None
+    if cfg.get("traces"):
+        workload, params, conv_report = fit_traces(cfg, workload)
+        convergences = [params]
+    pairs = parse_pairs(cfg.host_floor_pairs)
+    additive = [str(g) for g in cfg.additive_types or []]
+    fit = fit_table(table, pairs, int(cfg.holdout_every), additive)
     memory = {str(k): float(v) for k, v in (plain(cfg.gpu_memory_gib) or {}).items()}
-    cluster = table_cluster(cfg, table, app, memory)
+    cluster = table_cluster(cfg, table, workload.app, memory)
+    command = f"{COMMAND} table={cfg.table}" + "".join(
+        f" {k}={cfg[k]}" for k in ("traces", "workload_file") if cfg.get(k)
+    )
     meta = {
         "provenance": {
-            "command": f"{COMMAND} table={cfg.table}",
+            "command": command.replace(" workload_file=", " workload="),
             "mode": "table",
             "source": describe_file(src),
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -180,6 +295,7 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
         "calibration": {
             "holdout": _holdout_summary(fit["holdout"]),
             "additive_types": additive,
+            "convergence_traces": conv_report,
             "notes": notes,
         },
     }
@@ -190,12 +306,13 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
         workload=workload,
         computes=fit["computes"],
         comms=fit["comms"],
+        convergences=convergences,
         gpu_memory_gib=memory,
         meta=meta,
         model_extras=fit["extras"],
     )
     atomic_write_text(out / MEASUREMENTS_FILE, table.to_csv(index=False))
-    return {"profile": profile, "fit": fit, "notes": notes}
+    return {"profile": profile, "fit": fit, "notes": notes, "convergence_traces": conv_report}
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,23 +686,85 @@ def report_markdown(profile: ClusterProfile, fit: dict[str, Any], notes: list[st
                 f"- global batch {s['global_batch']} (seed {s['seed']}): steps to {s['target']:.3f} measured "
                 f"{measured}, model {model_steps}"
             )
+    traces = cal.get("convergence_traces")
+    if traces:
+        m = traces["metric"]
+        unit = (
+            f"{m['name']} (higher is {'better' if m['higher_is_better'] else 'worse'}, scale {m['scale']:g})"
+        )
+        lines += [
+            "",
+            "## Convergence model from traces",
+            "",
+            f"Metric {unit}; untrained {m['untrained']}; traces at global batches {traces['batches']} "
+            f"({traces['source']['path']}).",
+            f"Accuracy RMSE {traces['accuracy_rmse_metric']:.4g} {m['name']} "
+            f"({traces['accuracy_rmse']:.4g} as a quality fraction); by global batch: "
+            + ", ".join(f"{b}: {v / m['scale']:.4g}" for b, v in traces["accuracy_rmse_by_batch"].items())
+            + ".",
+            "",
+            f"| target {m['name']} | batches | trace epochs | model epochs | Kendall tau | Spearman rho |",
+            "|---|---|---|---|---|---|",
+        ]
+        for o in traces["ordering"]:
+            lines.append(
+                f"| {o['target_metric']:.4g} | {o['batches']} | {o['trace_epochs']} | {o['model_epochs']} "
+                f"| {_fmt(o['kendall_tau'])} | {_fmt(o['spearman_rho'])} |"
+            )
+        lines += [f"- {n}" for n in traces.get("notes", [])]
+    figures = fit_figures(profile, traces)
+    lines += [
+        "",
+        "## Fit figures",
+        "",
+        "Step-time leave-one-batch-out MdAPE per worker type: "
+        + ", ".join(f"{g} {100 * v:.1f} %" for g, v in figures["step_time_loo_mdape"].items())
+        + ".",
+    ]
+    if "accuracy_rmse" in figures:
+        lines.append(
+            f"Accuracy RMSE {figures['accuracy_rmse_metric']:.4g} {figures['metric']}; epochs-to-target "
+            "Kendall tau: "
+            + ", ".join(f"{t}: {_fmt(v)}" for t, v in figures["epochs_to_target_kendall_tau"].items())
+            + "."
+        )
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.2f}"
+
+
 def calibrate(cfg: DictConfig) -> float:
+    """Write the profile into a temporary sibling of the output directory and move it in place
+    when everything is written: a failure (a bad table, a fit that cannot be done) leaves the
+    output directory as it was, with nothing half-written."""
     out = out_dir_of(cfg)
-    result = calibrate_from_table(cfg, out) if cfg.get("table") else calibrate_real(cfg, out)
-    profile, fit = result["profile"], result["fit"]
-    atomic_write_text(out / "calibration.md", report_markdown(profile, fit, result["notes"]))
-    atomic_write_text(
-        out / "calibration.json",
-        dump_json(
-            {
-                "holdout": {k: v for k, v in fit["holdout"].items() if k != "fit"}, "compute": [asdict(p) for p in profile.compute.values()],
-                   "comm": [asdict(p) for p in profile.comm.values()], "notes": result["notes"]}),
-    )  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        result = calibrate_from_table(cfg, tmp) if cfg.get("table") else calibrate_real(cfg, tmp)
+        profile, fit = result["profile"], result["fit"]
+        atomic_write_text(tmp / "calibration.md", report_markdown(profile, fit, result["notes"]))
+        atomic_write_text(
+            tmp / "calibration.json",
+            dump_json(
+                {
+                    "holdout": {k: v for k, v in fit["holdout"].items() if k != "fit"},
+                    "compute": [asdict(p) for p in profile.compute.values()],
+                    "comm": [asdict(p) for p in profile.comm.values()],
+                    "convergence_traces": result.get("convergence_traces"),
+                    "figures": fit_figures(profile, result.get("convergence_traces")),
+                    "notes": result["notes"],
+                }
+            ),
+        )
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     mdape = float(fit["holdout"].get("mdape_all", math.nan))
     log.info(
         "profile %s written to %s; held-out step-time MdAPE %s",
@@ -598,10 +777,28 @@ def calibrate(cfg: DictConfig) -> float:
     return mdape
 
 
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished directory ``src`` to ``dst``; a previous ``dst`` is removed only after."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def workload_argument(argv: list[str]) -> list[str]:
+    """``workload=<yaml or preset>`` on the command line means ``workload_file=...``: ``workload``
+    is a config group elsewhere, and here also the real mode's workload fields (``workload.name=``)."""
+    return [f"workload_file={a.split('=', 1)[1]}" if a.startswith("workload=") else a for a in argv]
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="calibrate")
 def main(cfg: DictConfig) -> float:
     return calibrate(cfg)
 
 
 if __name__ == "__main__":
+    sys.argv = workload_argument(sys.argv)
     main()

@@ -96,7 +96,7 @@ def read_traces(path: str | Path, workload: Workload) -> list[Trace]:
         values[col] = out
 
     def fail(col: str, j: int, rule: str) -> None:
-        raise ValueError(f"{col} in {where(keep[j])} must be {rule}, got {values[col][j]!r}")
+        raise ValueError(f"{col} in {where(keep[j])} must be {rule}, got {rows[keep[j]][col]!r}")
 
     for col in ("global_batch", "epoch"):
         v = values[col]

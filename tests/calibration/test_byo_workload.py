@@ -1,0 +1,185 @@
+"""Bring your own workload: one command fits compute, communication and convergence of an
+application the project has never seen, from generated tables with a falling (WER-like) metric."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from byo_data import write_inputs
+from hydra import compose, initialize_config_dir
+
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from experiments.calibrate import calibrate
+from sim.calibration import load_profile
+from sim.engine import Simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET_WER = 15.0
+
+
+@pytest.fixture(scope="module")
+def byo(tmp_path_factory):
+    """The generated inputs and the profile one calibrate command makes of them."""
+    root = tmp_path_factory.mktemp("byo")
+    inputs = write_inputs(root / "in")
+    out = root / "profile"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.calibrate", f"table={inputs['table']}", f"traces={inputs['traces']}",
+         f"workload={inputs['workload']}", f"out_dir={out}", "name=asr_byo", f"hydra.run.dir={root / 'hydra'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return inputs, out
+
+
+def test_profile_holds_the_workload_and_all_three_fits(byo):
+    _, out = byo
+    prof = load_profile(out)
+    wl = prof.workload
+    assert (wl.name, wl.app, wl.convergence) == ("asr_byo", "asr_byo", "asr_byo")
+    assert (wl.metric.name, wl.metric.higher_is_better, wl.metric.scale) == ("wer", False, 0.01)
+    assert wl.target_accuracy == TARGET_WER and wl.target_quality == pytest.approx(0.85)
+    assert {k for k in prof.compute} == {k for k in prof.comm} == {("T4", "asr_byo"), ("V100", "asr_byo")}
+    conv = prof.convergence["asr_byo"]  # its own model, not CIFAR-10's
+    assert conv.acc_chance == 0.0  # WER 100 % untrained
+    assert conv.base_batch == 32
+    assert 0.88 < conv.acc_ceiling < 0.92  # generated: 1 - WER at the smallest batch tends to 0.90
+
+
+def test_fit_report_gives_the_shipped_figures(byo):
+    _, out = byo
+    figures = json.loads((out / "calibration.json").read_text())["figures"]
+    assert set(figures["step_time_loo_mdape"]) == {"T4", "V100"}
+    assert max(figures["step_time_loo_mdape"].values()) < 0.05
+    assert figures["metric"] == "wer"
+    # Generated with 0.2 points of noise: the fit recovers it.
+    assert 0.05 < figures["accuracy_rmse_metric"] < 0.5
+    assert figures["accuracy_rmse"] == pytest.approx(figures["accuracy_rmse_metric"] * 0.01)
+    taus = figures["epochs_to_target_kendall_tau"]
+    assert "15" in taus and taus["15"] == pytest.approx(1.0)
+    md = (out / "calibration.md").read_text()
+    assert "## Fit figures" in md and "Kendall tau" in md and "Accuracy RMSE" in md
+    assert "| target wer |" in md
+
+
+def test_a_short_episode_reaches_the_falling_target(byo):
+    _, out = byo
+    env = HeteroClusterEnv(profile=out, action_mode="absolute", interval=50, reward="time")
+    spec = env.backend.spec
+    assert spec.target_accuracy == pytest.approx(0.85) and spec.metric.name == "wer"
+    env.reset(seed=0)
+    terminated = truncated = False
+    wers = []
+    while not (terminated or truncated):
+        _, _, terminated, truncated, info = env.step(np.full(spec.num_workers, 16, np.float32))
+        wers.append(float(spec.metric.from_quality(info["report"].val_accuracy)))
+    assert terminated and not truncated
+    assert wers[-1] <= TARGET_WER < min(wers[:-1])  # reached_target exactly when WER fell to 15 %
+    assert wers[0] > 50.0  # it started untrained-ish: the metric falls as training proceeds
+    env.close()
+
+
+def test_evaluate_tables_show_the_metric_in_its_units(byo, tmp_path):
+    _, out = byo
+    from experiments.evaluate import record_run
+
+    env = HeteroClusterEnv(profile=out, action_mode="absolute", interval=50)
+    from dynamix_gym.controllers.static import StaticController
+    from dynamix_gym.evaluation import run_episode
+
+    ctrl = StaticController(16)
+    result = run_episode(env, ctrl, seed=0, scenario="static_hetero")
+    specs = {"cluster": env.backend.sim.cluster}
+    record_run(tmp_path, result, ctrl, specs, env.backend.spec, 50)
+    row = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert row["metric"] == "wer" and row["target_metric"] == pytest.approx(TARGET_WER)
+    assert bool(row["reached_target"]) and row["final_metric"] <= TARGET_WER
+    assert row["final_metric"] == pytest.approx(100.0 * (1.0 - row["final_accuracy"]))
+    timeline = pd.read_csv(tmp_path / "timeline.csv")
+    assert timeline["val_metric"].iloc[-1] <= TARGET_WER < timeline["val_metric"].iloc[-2]
+    env.close()
+
+
+def test_simulator_defaults_come_from_the_profile(byo):
+    _, out = byo
+    sim = Simulator(profile=out)
+    assert sim.workload.name == "asr_byo" and sim.num_workers == 12
+    assert sim.min_batch_value == 16  # no workload minimum: 16, within every cap (64)
+
+
+# --- bad tables ------------------------------------------------------------------------------------
+def _edit_traces(df: pd.DataFrame, case: str) -> pd.DataFrame:
+    if case == "missing_column":
+        return df.drop(columns=["grad_var"])
+    if case == "non_numeric":
+        df = df.astype({"metric": object})
+        df.loc[4, "metric"] = "n/a"
+        return df
+    if case == "metric_out_of_range":
+        df.loc[2, "metric"] = 130.0
+        return df
+    if case == "single_batch":
+        return df[df["global_batch"] == 64]
+    raise AssertionError(case)
+
+
+def _edit_table(df: pd.DataFrame, case: str) -> pd.DataFrame:
+    if case == "missing_column":
+        return df.drop(columns=["sync_time_s"])
+    if case == "non_numeric":
+        df = df.astype({"step_time_s": object})
+        df.loc[1, "step_time_s"] = "fast"
+        return df
+    if case == "single_batch":
+        return df[df["local_batch"] == 16]
+    raise AssertionError(case)
+
+
+BAD = [
+    ("traces", "missing_column", r"convergence traces traces\.csv lack required column\(s\) \['grad_var'\]"),
+    ("traces", "non_numeric", r"metric in row 5 \(line 6\) of traces\.csv must be a finite number, got 'n/a'"),
+    ("traces", "metric_out_of_range", r"metric in row 3 \(line 4\) of traces\.csv must be in \[0, 100\].*wer.*got .130(\.0)?."),
+    ("traces", "single_batch", r"global_batch in traces\.csv \(rows 1-12\) holds a single batch size \[64\]"),
+    ("table", "missing_column", r"profile table throughput\.csv lacks required column\(s\) \['sync_time_s'\]"),
+    ("table", "non_numeric", r"step_time_s in row 2 \(line 3\) of throughput\.csv must be a finite number, got 'fast'"),
+    ("table", "single_batch", r"local_batch in row 1 \(line 2\) of throughput\.csv .*\(T4, asr_byo\) holds a single batch size \[16\]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("which", "case", "message"), BAD, ids=[f"{w}-{c}" for w, c, _ in BAD])
+def test_bad_tables_name_file_column_and_row_and_leave_nothing(tmp_path, which, case, message):
+    inputs = write_inputs(tmp_path / "in")
+    path = inputs[which]
+    edit = _edit_traces if which == "traces" else _edit_table
+    edit(pd.read_csv(path, dtype={"placement": str}), case).to_csv(path, index=False)
+    out = tmp_path / "result" / "profile"
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose(
+            "calibrate",
+            overrides=[f"table={inputs['table']}", f"traces={inputs['traces']}",
+                       f"workload_file={inputs['workload']}", f"out_dir={out}"],
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        calibrate(cfg)
+    assert not out.exists()
+    assert list(out.parent.iterdir()) == []  # no temporary directory left either
+
+
+def test_a_target_outside_the_metric_range_is_refused(tmp_path):
+    inputs = write_inputs(tmp_path / "in")
+    text = inputs["workload"].read_text().replace("target_accuracy: 15.0", "target_accuracy: 150.0")
+    inputs["workload"].write_text(text)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("calibrate", overrides=[f"table={inputs['table']}", f"workload_file={inputs['workload']}",
+                                              f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"target_accuracy \(wer, higher is worse\) must be in \[0, 100\), got 150\.0"
+    ):
+        calibrate(cfg)
+    assert not (tmp_path / "out").exists()

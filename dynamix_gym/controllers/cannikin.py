@@ -19,33 +19,53 @@ _TABLE_POINTS = 96
 
 
 class LinearTimeModel:
-    """One worker's compute time per iteration, fitted online (Cannikin's per-node model):
+    """One worker's compute time per iteration, fitted online (Cannikin's per-node model, with the
+    host floor every real input pipeline has):
 
-        T_i(b) = alpha_i + beta_i * b,     alpha_i, beta_i >= 0
+        T_i(b) = max(h_i, alpha_i + beta_i * b),     alpha_i, beta_i >= 0
 
-    a non-negative least-squares fit (scipy ``lsq_linear``) to the worker's last ``memory``
-    measurements. With a single distinct local batch the intercept is not identified; it is
-    pinned, as AdaptDL pins ``alpha_c``, to half the measured time (optimistic about scaling up).
+    ``h_i`` is the fastest interval the worker has shown (it never ran faster, whatever its batch)
+    and ``alpha_i, beta_i`` the least-squares fit (scipy ``least_squares``) of the whole model to
+    its last ``memory`` measurements, started from the plain linear fit (AdaptDL's
+    ``T_compute = alpha_c + beta_c * b``, scipy ``lsq_linear``). With a single distinct local batch
+    the line is not identified; it is pinned, as AdaptDL pins ``alpha_c``, through the measured
+    point with half of its time as intercept (optimistic about scaling up).
     """
 
     def __init__(self, memory: int) -> None:
         self._obs: deque[tuple[float, float]] = deque(maxlen=memory)
+        self._cache: tuple[float, float, float] | None = None
 
     def add(self, batch: float, time_s: float) -> None:
         self._obs.append((float(batch), float(time_s)))
+        self._cache = None
 
     def __len__(self) -> int:
         return len(self._obs)
 
-    def params(self) -> tuple[float, float]:
-        """``(alpha_i, beta_i)`` of the current fit (seconds, seconds per sample)."""
-        b, t = np.array(self._obs).T
-        if np.ptp(b) < 1e-9 * max(b.max(), 1.0):
-            alpha = 0.5 * float(t.mean())
-            return alpha, max(float(t.mean()) - alpha, 1e-12) / float(b.mean())
-        a = np.column_stack([np.ones_like(b), b])
-        fit = scipy.optimize.lsq_linear(a, t, bounds=([0.0, 1e-12], [np.inf, np.inf]))
-        return float(fit.x[0]), float(fit.x[1])
+    def params(self) -> tuple[float, float, float]:
+        """``(h_i, alpha_i, beta_i)`` of the current fit (seconds, seconds, seconds per sample)."""
+        if self._cache is None:
+            b, t = np.array(self._obs).T
+            floor = float(t.min())
+            if np.ptp(b) < 1e-9 * max(b.max(), 1.0):
+                alpha = 0.5 * float(t.mean())
+                self._cache = (floor, alpha, max(float(t.mean()) - alpha, 1e-12) / float(b.mean()))
+                return self._cache
+            a = np.column_stack([np.ones_like(b), b])
+            x0 = scipy.optimize.lsq_linear(a, t, bounds=([0.0, 1e-12], [np.inf, np.inf])).x
+            fit = scipy.optimize.least_squares(
+                lambda x: np.maximum(floor, x[0] + x[1] * b) - t,
+                np.maximum(x0, [0.0, 2e-12]),
+                bounds=([0.0, 1e-12], [np.inf, np.inf]),
+            )
+            self._cache = (floor, float(fit.x[0]), float(fit.x[1]))
+        return self._cache
+
+    def predict(self, batches: np.ndarray) -> np.ndarray:
+        """Predicted compute time (s) at ``batches``."""
+        floor, alpha, beta = self.params()
+        return np.maximum(floor, alpha + beta * np.asarray(batches, dtype=np.float64))
 
 
 class CannikinController(BaseController):
@@ -114,7 +134,9 @@ class CannikinController(BaseController):
         tolerance: float = 0.02,
     ) -> None:
         if max_global_batch is not None and (
-            isinstance(max_global_batch, bool) or int(max_global_batch) != max_global_batch or max_global_batch < 1
+            isinstance(max_global_batch, bool)
+            or int(max_global_batch) != max_global_batch
+            or max_global_batch < 1
         ):
             raise ValueError(
                 f"CannikinController.max_global_batch must be None or an integer >= 1, got {max_global_batch!r}"
@@ -144,7 +166,9 @@ class CannikinController(BaseController):
         self.noise = NoiseScaleEstimator(self.noise_smoothing)
         self.models = [LinearTimeModel(self.memory) for _ in range(spec.num_workers)]
         self._sync: dict[int, deque[float]] = {}
-        self._grid = np.unique(np.rint(np.geomspace(spec.min_batch.min(), spec.max_batch.max(), _TABLE_POINTS)))
+        self._grid = np.unique(
+            np.rint(np.geomspace(spec.min_batch.min(), spec.max_batch.max(), _TABLE_POINTS))
+        )
         self.global_batch: int | None = None
         self._chosen = False
         #: One row per decision: (noise-scale estimate or nan, global batch chosen, T_sync in s).
@@ -162,8 +186,7 @@ class CannikinController(BaseController):
     def opt_perf(self, totals: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """OptPerf's compute part: ``(splits, T_c)`` of every global batch in ``totals`` over the
         live workers (equal predicted compute time, within the workers' bounds)."""
-        params = np.array([self.models[i].params() for i in np.flatnonzero(alive)])
-        times = params[:, 0][None, :] + params[:, 1][None, :] * self._grid[:, None]
+        times = np.column_stack([self.models[i].predict(self._grid) for i in np.flatnonzero(alive)])
         lo, hi = self.spec.min_batch[alive], self.spec.max_batch[alive]
         return equal_time_split(self._grid, times, totals, lo, hi)
 

@@ -230,7 +230,13 @@ def replay(env: Any, controller: BaseController, seed: int) -> dict[str, Any]:
     else:  # a miss ranks below every success, and by how much accuracy it lacked
         lacking = max(0.0, spec.target_accuracy - float(report.truth["val_accuracy"]))
         score = max(float(report.wall_time_s), spec.time_budget_s) * (1.0 + lacking)
-    return {"score": score, "reached": reached, "time_s": float(report.wall_time_s), "path": path}
+    return {
+        "score": score,
+        "reached": reached,
+        "time_s": float(report.wall_time_s),
+        "path": path,
+        "worker_decisions": len(path) * spec.num_workers,
+    }
 
 
 class HindsightController(BaseController):
@@ -241,8 +247,12 @@ class HindsightController(BaseController):
     its time to accuracy is the plan's (the simulator is deterministic per seed).
 
     Args:
-        time_limit_s: wall-clock budget of one search (seconds, > 0); the search stops after the
-            candidate in flight when it is used up.
+        budget: the search's size in worker-decisions (replayed decisions times workers, > 0): a
+            count, so that the same task and seed give the same plan on any machine. The pool of
+            static and oracle candidates may use 30% of it, the batch schedules up to 65%, the
+            penalty schedules up to 95%, the hysteresis refinement the rest.
+        time_limit_s: a wall-clock safety cap (seconds, > 0); a search it cuts short is marked
+            ``truncated_by_time`` in its record (and is then not reproducible).
         cem_iterations: CEM rounds over the schedule's knots (>= 0).
         cem_population: schedules sampled per round (>= 2).
         cem_elites: schedules kept per round to refit the sampling distribution (1 .. population).
@@ -259,7 +269,8 @@ class HindsightController(BaseController):
 
     def __init__(
         self,
-        time_limit_s: float = 100.0,
+        budget: int = 400_000,
+        time_limit_s: float = 600.0,
         cem_iterations: int = 6,
         cem_population: int = 10,
         cem_elites: int = 3,
@@ -270,6 +281,10 @@ class HindsightController(BaseController):
         cache_dir: str | Path | None = None,
         plan: dict[str, Any] | None = None,
     ) -> None:
+        if isinstance(budget, bool) or int(budget) != budget or budget < 1:
+            raise ValueError(
+                f"HindsightController.budget must be an integer >= 1 (worker-decisions), got {budget!r}"
+            )
         if not (math.isfinite(time_limit_s) and time_limit_s > 0):
             raise ValueError(f"HindsightController.time_limit_s must be > 0, got {time_limit_s!r}")
         for field, value, low in (
@@ -289,6 +304,7 @@ class HindsightController(BaseController):
             )
         if not (math.isfinite(cem_init_sd) and cem_init_sd > 0):
             raise ValueError(f"HindsightController.cem_init_sd must be > 0, got {cem_init_sd!r}")
+        self.budget = int(budget)
         self.time_limit_s = float(time_limit_s)
         self.cem_iterations = int(cem_iterations)
         self.cem_population = int(cem_population)
@@ -306,6 +322,7 @@ class HindsightController(BaseController):
     def settings(self) -> dict[str, Any]:
         return {
             "version": PLANNER_VERSION,
+            "budget": self.budget,
             "time_limit_s": self.time_limit_s,
             "cem": [self.cem_iterations, self.cem_population, self.cem_elites, self.cem_init_sd],
             "penalties": list(self.penalties),
@@ -372,11 +389,18 @@ class HindsightController(BaseController):
         rng = np.random.default_rng([int(seed), 7919])
         tried: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
 
+        used = [0]
+        truncated = [False]
+
         def over(share: float = 1.0) -> bool:
-            return time.perf_counter() - t0 > share * self.time_limit_s
+            if time.perf_counter() - t0 > self.time_limit_s:
+                truncated[0] = True
+                return True
+            return used[0] >= share * self.budget
 
         def score(desc: dict[str, Any]) -> float:
             result = replay(env, make_candidate(desc), seed)
+            used[0] += result["worker_decisions"]
             tried.append((result["score"], desc, result))
             return result["score"]
 
@@ -445,6 +469,8 @@ class HindsightController(BaseController):
             "reached": best_result["reached"],
             "time_to_accuracy_s": best_result["time_s"] if best_result["reached"] else None,
             "candidates": len(tried),
+            "worker_decisions": used[0],
+            "truncated_by_time": truncated[0],
             "search_s": round(time.perf_counter() - t0, 2),
             "best_by_kind": by_kind,
             "settings": self.settings(),

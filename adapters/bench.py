@@ -42,6 +42,7 @@ def bench_rank(rank: int, world: int, port: int, cfg: dict, conn) -> None:
     device = torch.device(cfg.get("device", "cpu"))
     cuda = device.type == "cuda"
     if cuda:
+        device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     data = load_dataset(cfg["dataset"])
     data = replace(

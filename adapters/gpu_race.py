@@ -136,8 +136,12 @@ def race(
     ppo: str,
     seeds: list[int],
     workers: int,
+    device: str = "cuda",
 ) -> dict[str, Any]:
-    """Run the race into ``out`` within ``budget_s``; the summary of :func:`summarise`."""
+    """Run the race into ``out`` within ``budget_s`` and return its summary (also ``race.json``).
+
+    ``device="cpu"`` runs the same race on CPU ranks (a check of the plumbing, not a GPU result).
+    """
     from dynamix_gym.calibration import ranking, tta_table
     from experiments.fidelity import RealEnvs, build_controller, controller_specs, run_one, sim_env
 
@@ -149,9 +153,9 @@ def race(
     real = {
         **base,
         "workers": workers,
-        "device": "cuda",
+        "device": device,
         "dist_backend": "gloo",
-        "threads_per_worker": 2,
+        "threads_per_worker": 2 if device == "cuda" else 1,
         "time_budget_s": EPISODE_BUDGET_S,
     }
     profile = race_profile(out / "profile", gpu_profile, gpu, conv, workers, real)
@@ -200,7 +204,8 @@ def race(
     by = table.set_index(["controller", "backend"])
     result = {
         "scenario": {"description": scenario.description, "worker_speed": list(scenario.worker_speed)},
-        "real": f"{workers} gloo ranks on one GPU, {real['model']} on {real['dataset']}, target "
+        "real": f"{workers} gloo ranks on {'one GPU' if device == 'cuda' else 'CPU'}, {real['model']} on "
+        f"{real['dataset']}, target "
         f"{profile.workload.target_accuracy}",
         "profile_dir": str(profile.path),
         "seeds_real": sorted({int(r["seed"]) for r in runs if r["backend"] == "real"}),

@@ -37,20 +37,25 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from adapters.gpu_ladder import (
+    calibrate_table,
+    ddp_factory,
+    ladder_table,
+    memory_caps,
+    run_group,
+    write_table,
+)
+
 PARTS = ("gpu_check", "ladder", "overhead", "race")
 #: Share of the budget of each part (re-divided over the parts left when one finishes early).
-SHARES = {"gpu_check": 0.12, "ladder": 0.38, "overhead": 0.14, "race": 0.36}
+SHARES = {"gpu_check": 0.10, "ladder": 0.32, "overhead": 0.12, "race": 0.46}
 #: Seconds each part is given beyond its share to exit cleanly before it is killed.
 GRACE_S = 10.0
 MAX_BUDGET_S = 480.0  # the issue's 8 minutes
@@ -71,177 +76,6 @@ def gpu_label(device_name: str) -> str:
     words = device_name.replace("NVIDIA", "").split()
     label = re.sub(r"[^A-Za-z0-9]+", "", words[0]) if words else ""
     return label or "cuda"
-
-
-# --------------------------------------------------------------------------------------------
-# The step-time ladder in the reference table format (CPU-testable)
-# --------------------------------------------------------------------------------------------
-
-
-def ladder_table(
-    make_backend: Callable[[int], Any],
-    *,
-    app: str,
-    gpu: str,
-    model: str,
-    batches: dict[int, list[int]],
-    iterations: int,
-    repeats: int,
-    warmup_iterations: int,
-    budget_s: float,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Measured step times as rows of the reference format, and notes on what was left out.
-
-    ``make_backend(workers)``: a backend (:class:`adapters.ddp_backend.DDPBackend`, or any other)
-    of that many workers whose local-batch range covers ``batches``, one worker count -> its
-    ladder. Batches common to every count are measured first, all counts alike
-    (:func:`dynamix_gym.calibration.profile_ladder`: when the budget runs out the top of the ladder
-    is missing for every count); the batches only some counts can hold follow with what is left.
-    Rows carry worker type ``gpu`` and application ``app``; ``model`` describes them.
-    """
-    from dynamix_gym.calibration import profile_ladder, reference_rows
-
-    if not batches or any(not b for b in batches.values()):
-        raise ValueError(f"batches needs a non-empty ladder per worker count, got {batches!r}")
-    common = sorted(set.intersection(*(set(bs) for bs in batches.values())))
-    t_end = time.monotonic() + float(budget_s)
-    notes: list[str] = []
-    done = []
-    backends: dict[int, Any] = {}
-    try:
-        for w in sorted(batches):
-            backends[w] = make_backend(w)
-        rounds = [(dict(backends), common)] if common else []
-        for w in sorted(batches):
-            extra = sorted(set(batches[w]) - set(common))
-            if extra:
-                rounds.append(({w: backends[w]}, extra))
-        for group, ladder in rounds:
-            left = t_end - time.monotonic()
-            if left <= 1.0:
-                notes.append(f"out of time before {sorted(group)} ranks at local batches {ladder}")
-                continue
-            res = profile_ladder(
-                group,
-                ladder,
-                iterations=iterations,
-                repeats=repeats,
-                warmup_iterations=warmup_iterations,
-                budget_s=left,
-                progress=False,
-            )
-            if res.stopped_early:
-                notes.append(res.message())
-            done.append(res)
-    finally:
-        for be in backends.values():
-            be.close()
-    rows = [{**row, "gpu": gpu} for res in done for row in reference_rows(res, app, model)]
-    rows.sort(key=lambda r: (r["app"], r["num_gpus"], r["local_batch"]))
-    return rows, notes
-
-
-def ddp_factory(
-    device: str, model: str, dataset: str, batches: dict[int, list[int]], threads_per_worker: int = 1
-) -> Callable[[int], Any]:
-    """``make_backend`` for :func:`ladder_table`: real DDP ranks (gloo) on ``device``."""
-    from adapters.config import RealDDPConfig
-    from adapters.ddp_backend import DDPBackend
-
-    every = sorted({b for bs in batches.values() for b in bs})
-
-    def make(workers: int) -> DDPBackend:
-        return DDPBackend(
-            RealDDPConfig(
-                workers=workers,
-                device=device,
-                dist_backend="gloo",
-                dataset=dataset,
-                model=model,
-                min_batch=every[0],
-                max_batch=every[-1],
-                base_batch=every[0],
-                initial_batch=every[0],
-                target_accuracy=1.0,  # profiling never stops at a target
-                threads_per_worker=threads_per_worker,
-            )
-        )
-
-    return make
-
-
-def write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Validate ``rows`` as a reference table (:func:`sim.fitting.read_profile_table`) and write it."""
-    import pandas as pd
-
-    from sim.datafiles import atomic_write_text
-    from sim.fitting import read_profile_table
-
-    table = read_profile_table(pd.DataFrame(rows))
-    atomic_write_text(path, table.to_csv(index=False))
-    return path
-
-
-def memory_caps(model: str, input_shape: tuple[int, ...], ladder: list[int], counts: list[int]) -> dict:
-    """Per worker count, the ladder batches whose training step the device memory holds with that
-    many ranks on it: per-sample memory from the peak of one fwd+bwd at two batches, 25% headroom."""
-    import torch
-    import torch.nn.functional as F
-
-    from adapters.models import build_model
-
-    net = build_model(model, input_shape, 10).cuda()
-    peaks = {}
-    for b in (32, 64):
-        torch.cuda.reset_peak_memory_stats()
-        x = torch.randn(b, *input_shape, device="cuda")
-        F.cross_entropy(net(x), torch.zeros(b, dtype=torch.long, device="cuda")).backward()
-        torch.cuda.synchronize()
-        peaks[b] = torch.cuda.max_memory_allocated()
-        net.zero_grad(set_to_none=True)
-    per_sample = max((peaks[64] - peaks[32]) / 32, 1.0)
-    fixed = max(peaks[32] - 32 * per_sample, 0.0) + 1.5 * 2**30  # + CUDA context and data per rank
-    total = torch.cuda.get_device_properties(0).total_memory
-    del net
-    torch.cuda.empty_cache()
-    caps = {w: [b for b in ladder if w * 1.25 * (fixed + b * per_sample) < 0.9 * total] for w in counts}
-    return {"batches": caps, "per_sample_mib": per_sample / 2**20, "total_gib": total / 2**30}
-
-
-def calibrate_table(
-    table: Path, out_dir: Path, name: str, app: str, memory: dict[str, float], timeout_s: float
-):
-    """``python -m experiments.calibrate table=...`` (table mode) into ``out_dir``; the fitted
-    profile's leave-one-batch-out and held-out step-time MdAPE per (worker type, app)."""
-    # The table argument was called `profile=` before; ask the config which name it has.
-    arg = (
-        "table" if re.search(r"^table:", (REPO / "conf" / "calibrate.yaml").read_text(), re.M) else "profile"
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.calibrate",
-        f"{arg}={table}",
-        f"out_dir={out_dir}",
-        f"name={name}",
-        f"app={app}",
-        "progress=false",
-        f"hydra.run.dir={out_dir}/hydra",
-        *(f"+gpu_memory_gib.{g}={v:.1f}" for g, v in memory.items()),
-    ]
-    proc = run_group(cmd, timeout_s, log_path=out_dir.parent / "calibrate.log")
-    if proc != 0:
-        raise RuntimeError(f"{' '.join(cmd[1:4])} exited with {proc}; see {out_dir.parent / 'calibrate.log'}")
-    models = json.loads((out_dir / "compute_models.json").read_text())["models"]
-    cal = json.loads((out_dir / "calibration.json").read_text())
-    return {
-        "command": "python " + " ".join(cmd[1:]),
-        "profile_dir": str(out_dir),
-        "loo_mdape": {f"{m['gpu']}/{m['app']}": float(m["loo_mdape"]) for m in models},
-        "loo_per_batch": {f"{m['gpu']}/{m['app']}": m.get("loo_per_batch") for m in models},
-        "holdout_mdape": cal["holdout"].get("mdape", {}),
-        "holdout_mdape_all": cal["holdout"].get("mdape_all"),
-    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,12 +115,12 @@ def part_gpu_check(out: Path, budget_s: float, args: argparse.Namespace) -> dict
         be.reset(seed=0)
         rep = be.run_interval(np.full(ranks, 32), 5)
         # An out-of-memory error inside a rank: rank 0 asks for the whole training set at once while
-        # this process holds all but 6 GiB of the device; the backend's probe catches the error,
+        # this process holds all but 12 GiB of the device; the backend's probe catches the error,
         # every rank steps back to its last good batch, training goes on.
         huge = np.full(ranks, 32)
         huge[0] = HUGE_BATCH
         free, _ = torch.cuda.mem_get_info()
-        blocker = torch.empty(max(int(free - 6 * 2**30), 0) // 4, dtype=torch.float32, device="cuda")
+        blocker = torch.empty(max(int(free - 12 * 2**30), 0) // 4, dtype=torch.float32, device="cuda")
         try:
             rep_oom = be.run_interval(huge, 3)
         finally:
@@ -357,12 +191,18 @@ def part_ladder(out: Path, budget_s: float, args: argparse.Namespace) -> dict[st
         warmup_iterations=3,
         budget_s=0.8 * ladder_s,
     )
+    # the race's model and data: those its convergence model was measured on
+    from sim.calibration import load_profile
+
+    conv = load_profile(args.convergence_profile)
+    real = (conv.meta.get("provenance") or {}).get("real_config") or {}
+    race_model, race_data = str(real.get("model", "cnn")), str(real.get("dataset", "mnist"))
     race_batches = {w: list(RACE_LADDER_BATCHES) for w in counts}
     race_rows, race_notes = ladder_table(
-        ddp_factory("cuda", "cnn", "mnist", race_batches, threads_per_worker=2),
-        app=args.race_app,
+        ddp_factory("cuda", race_model, race_data, race_batches, threads_per_worker=2),
+        app=conv.workload.app,
         gpu=label,
-        model="cnn/MNIST fp32, gloo ranks on one GPU",
+        model=f"{race_model}/{race_data} fp32, gloo ranks on one GPU",
         batches=race_batches,
         iterations=10,
         repeats=3,
@@ -401,7 +241,7 @@ def part_overhead(out: Path, budget_s: float, args: argparse.Namespace) -> dict[
         "dataset=cifar_synthetic",
         "batch=128",
         "interval=20",
-        "iterations=40",
+        "iterations=30",
         f"rounds={int(args.overhead_rounds)}",
         f"out={out / 'overhead.json'}",
         f"hydra.run.dir={out / 'hydra'}",
@@ -442,24 +282,6 @@ RUNNERS = {"gpu_check": part_gpu_check, "ladder": part_ladder, "overhead": part_
 # --------------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------------
-
-
-def run_group(cmd: list[str], timeout_s: float, log_path: Path) -> int:
-    """Run ``cmd`` in its own process group, output to ``log_path``; on timeout kill the group
-    (every rank it spawned with it) and return 124."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=max(timeout_s, 1.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return 124
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
 
 
 def write_result(path: Path, doc: dict[str, Any]) -> None:
@@ -574,10 +396,7 @@ def drive(args: argparse.Namespace) -> int:
 
 
 def shared_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        k: getattr(args, k)
-        for k in ("ppo", "convergence_profile", "seeds", "ranks", "race_app", "overhead_rounds")
-    }
+    return {k: getattr(args, k) for k in ("ppo", "convergence_profile", "seeds", "ranks", "overhead_rounds")}
 
 
 def _pct(x: Any) -> str:
@@ -652,7 +471,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", default="0,1", help="race seeds, comma-separated")
     p.add_argument("--ranks", type=int, default=4, help="ranks on the one GPU (gpu_check, ladder, race)")
-    p.add_argument("--race-app", default="mnist_cnn", help=argparse.SUPPRESS)
     p.add_argument(
         "--overhead-rounds", type=int, default=6, help="alternating segment pairs of the overhead part"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from adapters.gpu_ladder import calibrate_table, ddp_factory, ladder_table, run_group, write_table
 from adapters.gpu_race import CONTROLLERS, INITIAL_BATCH, race_profile, race_scenario, t4_speed
-from adapters.gpu_suite import PARTS, calibrate_table, ddp_factory, gpu_label, ladder_table, write_table
+from adapters.gpu_suite import PARTS, gpu_label
 from dynamix_gym.backends.sim_backend import SimBackend
 from experiments.fidelity import build_controller, controller_specs, run_one, sim_env
 from sim.calibration import load_profile
@@ -180,3 +182,37 @@ def test_table_mode_profile_feeds_the_race_profile_and_the_simulator(tmp_path):
         runs.append(run_one(env, sp, 0, "sim", scenario.name))
     assert all(r["decisions"] > 0 for r in runs)
     assert pd.DataFrame([{k: v for k, v in r.items() if k != "timeline"} for r in runs])["reached"].any()
+
+
+def test_run_group_kills_a_part_and_everything_it_started_at_its_timeout(tmp_path):
+    """A part past its budget goes with its whole process group: no rank is left behind."""
+    script = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    rc = run_group([sys.executable, "-c", script], timeout_s=3.0, log_path=tmp_path / "log.txt")
+    assert rc == 124 and time.monotonic() - t0 < 20
+    grandchild = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 5
+    while running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(grandchild)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the part passes")
+def test_a_part_that_fails_records_why(tmp_path):
+    proc = suite(str(tmp_path), "--run-part", "gpu_check", "--part-budget-s", "30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_check" / "result.json").read_text())
+    assert doc["status"] == "failed" and doc["reason"] and "result" not in doc

@@ -110,3 +110,28 @@ def test_evaluate_grid_through_submitit_local(tmp_path):
     assert sorted(rows["seed"]) == [0, 1]
     assert (rows["decisions"] == 2).all()
     assert (rows["backend"] == "sim").all()
+
+
+def test_benchmark_grid_through_submitit_local(tmp_path):
+    """experiments.benchmark forwards the launcher to the multirun it starts: the tiny split's two
+    tasks run as two submitit jobs, then the plain run scores them."""
+    root = tmp_path / "bench"
+    proc = run_grouped(
+        [
+            "-m",
+            "experiments.benchmark",
+            "split=tiny",
+            "controller=dlb",
+            f"out_root={root}",
+            "hydra/launcher=submitit_local",
+            f"hydra.run.dir={tmp_path / 'outputs'}",
+        ],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = root / "dlb" / "tiny" / "runs"
+    assert len(list((runs / ".submitit").glob("*/*_result.pkl"))) == 2
+    rows = pd.read_csv(root / "dlb" / "tiny" / "runs.csv")
+    assert sorted(rows["task"]) == ["tiny_cifar10_t4v100x4_throttle", "tiny_ncf_t4v100x4_static"]
+    assert (rows["seed"] == 0).all()
+    assert "hydra/launcher=submitit_local" in (root / "dlb" / "tiny" / "summary.md").read_text()

@@ -216,3 +216,13 @@ def test_a_part_that_fails_records_why(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "gpu_check" / "result.json").read_text())
     assert doc["status"] == "failed" and doc["reason"] and "result" not in doc
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_whole_suite_passes_on_a_gpu(tmp_path):
+    proc = suite(str(tmp_path), "--budget-s", "450", timeout=600)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert proc.returncode == 0, json.dumps(summary["parts"], indent=1)[-3000:]
+    assert summary["wall_s"] < 480
+    assert {p: r["status"] for p, r in summary["parts"].items()} == dict.fromkeys(PARTS, "ok")

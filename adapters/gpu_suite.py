@@ -55,7 +55,7 @@ from adapters.gpu_ladder import (
 
 PARTS = ("gpu_check", "ladder", "overhead", "race")
 #: Share of the budget of each part (re-divided over the parts left when one finishes early).
-SHARES = {"gpu_check": 0.10, "ladder": 0.32, "overhead": 0.12, "race": 0.46}
+SHARES = {"gpu_check": 0.15, "ladder": 0.30, "overhead": 0.12, "race": 0.43}
 #: Seconds each part is given beyond its share to exit cleanly before it is killed.
 GRACE_S = 10.0
 MAX_BUDGET_S = 480.0  # the 8 minutes

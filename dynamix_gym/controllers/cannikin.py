@@ -130,8 +130,8 @@ class CannikinController(BaseController):
         speedup_threshold: float = 1.05,
         noise_smoothing: float = 0.5,
         grid_points: int = 50,
-        memory: int = 8,
-        tolerance: float = 0.02,
+        memory: int = 16,
+        tolerance: float = 0.1,
     ) -> None:
         if max_global_batch is not None and (
             isinstance(max_global_batch, bool)

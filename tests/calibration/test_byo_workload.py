@@ -17,7 +17,12 @@ from hydra import compose, initialize_config_dir
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from experiments.calibrate import calibrate
 from sim.calibration import load_profile
+from sim.convergence import convergence_params
+from sim.datafiles import data_path
 from sim.engine import Simulator
+from sim.fit_convergence import APP_SPECS, TRACES_FILE, fit_app
+from sim.traces_table import app_spec, read_traces
+from sim.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_WER = 15.0
@@ -183,3 +188,25 @@ def test_a_target_outside_the_metric_range_is_refused(tmp_path):
     ):
         calibrate(cfg)
     assert not (tmp_path / "out").exists()
+
+
+# --- the shipped applications through the same path ---------------------------------------------
+def test_app_specs_of_the_shipped_fit_agree_with_the_presets_metrics():
+    for app, spec in APP_SPECS.items():
+        m = WORKLOADS[app].metric
+        assert m.scale == spec.metric_scale, app
+        assert m.to_quality(m.untrained) == pytest.approx(spec.acc_chance), app
+
+
+def test_bert_preset_and_reference_traces_refit_the_shipped_bert_model():
+    """The bring-your-own reader and spec, given BERT's preset and its reference traces (F1 in
+    percent), give the shipped model: no code edit (APP_SPECS) is needed for a new application."""
+    wl = WORKLOADS["bert"]
+    traces = read_traces(data_path(TRACES_FILE), wl)
+    spec = app_spec(wl, traces)
+    assert spec.targets == APP_SPECS["bert"].targets
+    shipped = convergence_params("bert")
+    fresh = fit_app("bert", traces, shipped.batch_memory_progress / shipped.total_progress, spec).params
+    for f in ("base_batch", "acc_chance", "acc_ceiling", "gap_per_doubling", "stretch_exponent", "fit_rmse"):
+        assert getattr(fresh, f) == pytest.approx(getattr(shipped, f), rel=1e-6, abs=1e-9), f
+    assert fresh.shape_y == pytest.approx(shipped.shape_y, rel=1e-6, abs=1e-9)

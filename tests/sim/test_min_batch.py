@@ -52,3 +52,7 @@ def test_evaluate_app_runs_workload_bert_with_its_defaults(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary["workload"].tolist() == ["bert"]
     assert summary["decisions"].tolist() == [2]
+    # The table shows SQuAD F1 in percent; the env sees it as the quality F1 / 100.
+    assert summary["metric"].tolist() == ["f1"] and summary["target_metric"].tolist() == [88.0]
+    assert summary["target_accuracy"].tolist() == [0.88]
+    assert summary["final_metric"].iloc[0] == pytest.approx(100.0 * summary["final_accuracy"].iloc[0])

@@ -150,6 +150,9 @@ class Simulator:
         self._host_mem_per_sample = wl.sample_bytes * PREFETCH_BATCHES / (host_mem_per_worker * 2**30)
         self._rng: np.random.Generator | None = None
         self._env: simpy.Environment | None = None
+        #: multiplies training progress per iteration (a learning-rate multiplier's effect, set by
+        #: sim.elastic); 1.0 leaves the convergence model's progress as it is
+        self.progress_scale = 1.0
 
     # --- properties -------------------------------------------------------------------------------
     @property
@@ -200,6 +203,51 @@ class Simulator:
 
     def close(self) -> None:
         self._env = None
+
+    # --- elastic worker sets (sim.elastic) ----------------------------------------------------------
+    def set_workers(self, held, restart_delay_s: float) -> bool:
+        """Hold exactly the workers where ``held`` is true from now on; the others leave the group.
+
+        A changed set costs an elastic restart of ``restart_delay_s`` (re-forming the process group
+        and reloading the checkpoint), paid before the next iteration as a lost worker's is. Returns
+        whether the set changed. Without a call every worker is held, as before.
+        """
+        self._require_reset()
+        mask = np.asarray(held)
+        n = self.num_workers
+        if mask.shape != (n,) or mask.dtype != bool:
+            raise ValueError(f"held must be a boolean array of shape ({n},), got {mask.dtype} {mask.shape}")
+        if not mask.any():
+            raise ValueError("held must keep at least one worker (a worker count below one)")
+        delay = check_range("restart_delay_s", restart_delay_s, 0.0, 1e5)
+        st = self._state
+        if np.array_equal(mask, st.held):
+            return False
+        st.set_held(mask)
+        st.pending_delay_s += delay
+        return True
+
+    @property
+    def held(self) -> np.ndarray:
+        self._require_reset()
+        return self._state.held.copy()
+
+    def start_process(self, generator) -> None:
+        """Run a SimPy process (a generator of events) on this run's clock; its events split the
+        intervals like fault events do."""
+        self._require_reset()
+        self._env.process(generator)
+
+    @property
+    def clock(self) -> simpy.Environment:
+        """This run's SimPy environment (for processes started with :meth:`start_process`)."""
+        self._require_reset()
+        return self._env
+
+    @property
+    def state(self) -> ClusterState:
+        self._require_reset()
+        return self._state
 
     def _require_reset(self) -> None:
         if self._env is None:
@@ -350,6 +398,8 @@ class Simulator:
                 # Progress over the segment, midpoint rule in progress.
                 r1 = conv.progress_per_step(gb, self._progress)
                 dp = m * conv.progress_per_step(gb, self._progress + 0.5 * m * r1)
+                if self.progress_scale != 1.0:
+                    dp *= self.progress_scale
                 self._batch_memory = conv.update_batch_memory(self._batch_memory, gb, dp)
                 self._progress += dp
                 acc.samples += gb * m

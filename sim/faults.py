@@ -296,6 +296,13 @@ class ClusterState:
         self._next_id = 0
         self.pending_delay_s = 0.0
         self.log: list[FaultEvent] = []
+        #: workers the job holds (an elastic allocation; all of them unless sim.elastic changes it)
+        self.held = np.ones(num_workers, dtype=bool)
+        self._recompute()
+
+    def set_held(self, held: np.ndarray) -> None:
+        """The workers the job holds from now on (the others are not in the training group)."""
+        self.held = np.asarray(held, dtype=bool).copy()
         self._recompute()
 
     def start(self, fault: ActiveFault) -> int:
@@ -334,7 +341,7 @@ class ClusterState:
         self.gpu_slowdown = gpu_mult / speed
         self.host_slowdown = host_mult
         self.cpu_load = np.minimum(cpu_load, 1.0)
-        self.alive = alive
+        self.alive = alive & self.held
         self.bandwidth_factor = bandwidth
         self.congestion_loss_rate = loss_rate
 

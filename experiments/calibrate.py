@@ -49,7 +49,7 @@ from sim.calibration import (
     write_profile,
 )
 from sim.cluster import ClusterSpec, NodeSpec
-from sim.convergence import ConvergenceParams
+from sim.convergence import ConvergenceParams, convergence_table
 from sim.datafiles import data_path
 from sim.fit_convergence import fit_app
 from sim.fitting import read_profile_table
@@ -277,6 +277,11 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
     if cfg.get("traces"):
         workload, params, conv_report = fit_traces(cfg, workload)
         convergences = [params]
+    elif (workload.convergence,) not in convergence_table():
+        raise ValueError(
+            f"workload {workload.name}: convergence model {workload.convergence!r} is not shipped "
+            f"({sorted(k for (k,) in convergence_table())}); give traces=<csv> to fit it, or name a shipped one"
+        )
     pairs = parse_pairs(cfg.host_floor_pairs)
     additive = [str(g) for g in cfg.additive_types or []]
     fit = fit_table(table, pairs, int(cfg.holdout_every), additive)
@@ -700,7 +705,10 @@ def report_markdown(profile: ClusterProfile, fit: dict[str, Any], notes: list[st
             f"({traces['source']['path']}).",
             f"Accuracy RMSE {traces['accuracy_rmse_metric']:.4g} {m['name']} "
             f"({traces['accuracy_rmse']:.4g} as a quality fraction); by global batch: "
-            + ", ".join(f"{b}: {v / m['scale']:.4g}" for b, v in traces["accuracy_rmse_by_batch"].items())
+            + ", ".join(
+                f"{b}: {v / m['scale']:.4g}"
+                for b, v in sorted(traces["accuracy_rmse_by_batch"].items(), key=_batch)
+            )
             + ".",
             "",
             f"| target {m['name']} | batches | trace epochs | model epochs | Kendall tau | Spearman rho |",
@@ -731,6 +739,10 @@ def report_markdown(profile: ClusterProfile, fit: dict[str, Any], notes: list[st
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _batch(item: tuple[str, float]) -> int:
+    return int(item[0])
 
 
 def _fmt(v: float | None) -> str:

@@ -25,8 +25,10 @@ a batch of M is worth at most M / M0 base steps, and at least one. Without learn
 that of the sqrt rule (none_exponent <= 1/2); none_exponent = 0 is one base step per step.
 Hence r_adascale = r_linear >= r_sqrt >= r_none >= min(1, r_ada).
 
-Accuracy depends on progress and on the batch the model has been trained with lately
-(the generalisation gap of large batches), remembered as an exponential moving average ``m`` of
+"Accuracy" below is the workload's validation quality, a fraction that rises as the model trains:
+the accuracy itself for the shipped workloads, any other metric (a falling WER or loss too) mapped
+by ``sim.workloads.QualityMetric``. It depends on progress and on the batch the model has been
+trained with lately (the generalisation gap of large batches), remembered as an exponential moving average ``m`` of
 log2(M) over progress with time constant ``batch_memory_progress``:
 
     m            <- m + (1 - exp(-dp / batch_memory_progress)) * (log2(M) - m)

@@ -210,3 +210,13 @@ def test_bert_preset_and_reference_traces_refit_the_shipped_bert_model():
     for f in ("base_batch", "acc_chance", "acc_ceiling", "gap_per_doubling", "stretch_exponent", "fit_rmse"):
         assert getattr(fresh, f) == pytest.approx(getattr(shipped, f), rel=1e-6, abs=1e-9), f
     assert fresh.shape_y == pytest.approx(shipped.shape_y, rel=1e-6, abs=1e-9)
+
+
+def test_without_traces_a_new_workload_must_name_a_shipped_convergence_model(tmp_path):
+    inputs = write_inputs(tmp_path / "in")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("calibrate", overrides=[f"table={inputs['table']}", f"workload_file={inputs['workload']}",
+                                              f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"convergence model 'asr_byo' is not shipped .*give traces=<csv>"):
+        calibrate(cfg)
+    assert not (tmp_path / "out").exists()

@@ -4,7 +4,8 @@ Importing the package registers:
 
 * ``dynamix/HeteroCluster-v0``: the centralised env over the simulator (or any backend);
 * ``dynamix/HeteroClusterPerWorker-v0``: the same cluster, one worker's decision per step;
-* ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``).
+* ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``);
+* ``dynamix/ElasticCluster-v0``: GPUs rented from a priced pool, held, released and preempted.
 """
 
 from gymnasium.envs.registration import register, registry
@@ -32,6 +33,7 @@ _ENVS = {
     "dynamix/HeteroCluster-v0": "dynamix_gym.envs.hetero_cluster:HeteroClusterEnv",
     "dynamix/HeteroClusterPerWorker-v0": "dynamix_gym.envs.per_worker:PerWorkerEnv",
     "dynamix/RealDDP-v0": "adapters.ddp_env:make_real_ddp_env",
+    "dynamix/ElasticCluster-v0": "dynamix_gym.envs.elastic_cluster:ElasticClusterEnv",
 }
 for _id, _entry in _ENVS.items():
     if _id not in registry:

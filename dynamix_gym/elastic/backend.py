@@ -1,0 +1,75 @@
+"""The elastic simulator as a backend: :class:`sim.elastic.ElasticJob` behind the backend protocol,
+plus the calls an elastic env makes between intervals (change the held set, set the lr multiplier,
+read the spend)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dynamix_gym.backend import BackendSpec, IntervalReport
+from dynamix_gym.elastic.pools import get_pool
+from sim.elastic import ElasticJob
+from sim.pool import PoolSpec
+
+
+class ElasticSimBackend:
+    """A backend over every slot of ``pool``; the job holds some of them.
+
+    Args:
+        pool: a pool name (``conf/pool``), mapping or :class:`PoolSpec`.
+        workload, scenario: as for :class:`sim.engine.Simulator`.
+        initial_batch: local batch of every slot (default: the workload's, within each range).
+        time_budget_s: the episode's wall-clock budget (default: the workload's).
+        lr_tolerance: width of the learning-rate response (:mod:`sim.elastic`).
+        **sim_kwargs: passed to the simulator.
+    """
+
+    def __init__(
+        self,
+        pool: str | dict | PoolSpec = "t4v100_spot",
+        workload: Any = None,
+        scenario: Any = "static_hetero",
+        *,
+        initial_batch: int | None = None,
+        time_budget_s: float | None = None,
+        lr_tolerance: float = 0.25,
+        **sim_kwargs: Any,
+    ) -> None:
+        self.pool = get_pool(pool)
+        self.job = ElasticJob(self.pool, workload, scenario, lr_tolerance=lr_tolerance, **sim_kwargs)
+        sim = self.job.sim
+        wl = sim.workload
+        b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)
+        init = np.full(sim.num_workers, b0, dtype=np.int64)
+        if initial_batch is None:
+            init = np.clip(init, sim.min_batch, sim.max_batch)
+        self.spec = BackendSpec(
+            gpu_types=sim.gpu_types,
+            node_of_worker=tuple(int(x) for x in sim.node_of_worker),
+            min_batch=sim.min_batch.copy(),
+            max_batch=sim.max_batch.copy(),
+            initial_batch=init,
+            base_batch=sim.convergence.base_batch,
+            target_accuracy=wl.target_quality,
+            time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
+            num_classes=wl.num_classes,
+            workload=wl.name,
+            deterministic=True,
+            metric=wl.metric,
+        )
+
+    def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
+        self.job.reset(seed=seed, rng=rng)
+
+    def run_interval(self, local_batches: np.ndarray, iterations: int) -> IntervalReport:
+        return self.job.run_interval(local_batches, iterations)
+
+    def close(self) -> None:
+        self.job.close()
+
+    def ideal_throughput(self) -> float:
+        """Samples/s of every slot at its memory cap with no barrier or sync (throughput_max)."""
+        b = self.spec.max_batch
+        return float(np.sum(b / self.job.sim.compute_time_s(b)))

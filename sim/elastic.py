@@ -1,0 +1,282 @@
+"""An elastic training job on a rented pool: it holds some of the pool's GPUs, pays for them by
+the second, loses spot GPUs to preemptions and restarts its process group whenever its set changes.
+
+The job wraps a :class:`sim.engine.Simulator` built on every slot of the pool; the slots it does not
+hold are outside the training group (the engine's ``held`` mask). Spot preemptions are SimPy
+processes on the simulator's clock, so a loss splits an interval exactly where it falls, as any
+fault does; their draws come from their own child stream of the run's generator, so they unfold
+identically whatever a controller holds (a preemption falls on a slot only if it is held then).
+
+    spend_usd(t)  = sum over held periods [t0, t1) of slot price_usd_per_gpu_hour * (t1 - t0) / 3600
+    restart       : every change of the held set stalls the job pool.restart_s (re-forming the group
+                    and reloading the checkpoint), paid before the next iteration
+    lr multiplier : m scales the rule's learning rate; progress per step is multiplied by
+                    g(m) = m * exp(-(m - 1)^2 / (2 w^2)) / max_m(...)  (w = lr_tolerance; an
+                    assumed, uncalibrated response: the rule's rate is near the optimum, both
+                    directions cost a little, the optimum lies just above 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine import Simulator
+from sim.faults import Scenario
+from sim.pool import PoolSpec
+from sim.report import IntervalReport
+from sim.validation import check_int, check_range
+from sim.workloads import Workload
+
+log = logging.getLogger(__name__)
+
+#: Learning-rate multipliers the job accepts.
+LR_RANGE = (0.8, 1.25)
+
+
+@dataclass(frozen=True)
+class PoolEvent:
+    """One line of the pool log: a request, release, notice, preemption or return of capacity."""
+
+    time_s: float
+    kind: str  # request | release | notice | preempt | replace | available
+    slot: int
+    offer: str
+
+    def __str__(self) -> str:
+        return f"t={self.time_s:.1f}s {self.kind} slot {self.slot} ({self.offer})"
+
+
+def lr_progress_gain(multiplier: float, tolerance: float) -> float:
+    """g(m) = m exp(-(m - 1)^2 / (2 w^2)), normalised so that its maximum over m is 1."""
+    w2 = tolerance**2
+    m_best = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * w2))  # d/dm [ln m - (m-1)^2 / 2w^2] = 0
+
+    def g(m: float) -> float:
+        return m * math.exp(-((m - 1.0) ** 2) / (2.0 * w2))
+
+    return g(multiplier) / g(m_best)
+
+
+class ElasticJob:
+    """Data-parallel training of ``workload`` on GPUs rented from ``pool``.
+
+    Args:
+        pool: the :class:`PoolSpec`.
+        workload, scenario: as for :class:`Simulator` (faults act on every slot).
+        lr_tolerance: w of the learning-rate response (see the module docstring).
+        **sim_kwargs: passed to :class:`Simulator`.
+    """
+
+    def __init__(
+        self,
+        pool: PoolSpec,
+        workload: str | Workload | None = None,
+        scenario: str | Scenario = "static_hetero",
+        *,
+        lr_tolerance: float = 0.25,
+        **sim_kwargs,
+    ) -> None:
+        self.pool = pool
+        self.sim = Simulator(pool.slot_cluster(), workload, scenario, **sim_kwargs)
+        self.offers = pool.offers
+        self.slot_offer = pool.slot_offer
+        self.slot_price = pool.slot_price_usd_per_hour
+        self.slot_spot = pool.slot_is_spot
+        self.capacity = np.array([pool.capacity(o) for o in self.offers], dtype=np.int64)
+        self.offer_price = np.array([pool.price(o) for o in self.offers])
+        self.lr_tolerance = check_range("lr_tolerance", lr_tolerance, 1e-3, 10.0)
+        self._reset_done = False
+
+    @property
+    def num_slots(self) -> int:
+        return self.sim.num_workers
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """A fresh run holding the pool's initial allocation. Spot preemptions draw from their own
+        child stream of ``rng`` (else ``seed``)."""
+        if rng is None:
+            rng = np.random.default_rng(seed)
+        pre_rng, sim_rng = rng.spawn(2)
+        self.sim.reset(rng=sim_rng)
+        n = self.num_slots
+        self._rng = pre_rng
+        self.available = np.ones(n, dtype=bool)  # capacity not lost to a preemption
+        self.noticed = np.zeros(n, dtype=bool)
+        self._held_since = np.full(n, math.nan)
+        self._spent = 0.0
+        self.lr_multiplier = 1.0
+        self.sim.progress_scale = 1.0
+        self.log: list[PoolEvent] = []
+        self._log_cursor = 0
+        self.restarts = 0
+        held = np.zeros(n, dtype=bool)
+        for k, count in enumerate(self.pool.initial_counts()):
+            held[np.flatnonzero(self.slot_offer == k)[:count]] = True
+        # The first group forms at t = 0 without a restart.
+        self.sim.set_workers(held, 0.0)
+        self._held_since[held] = 0.0
+        if self.pool.preemption.rate_per_hour > 0:
+            for slot in np.flatnonzero(self.slot_spot):
+                self.sim.start_process(self._preemptions(int(slot)))
+        self._reset_done = True
+
+    def close(self) -> None:
+        self.sim.close()
+
+    # --- what the job holds and spends ---------------------------------------------------------------
+    @property
+    def held(self) -> np.ndarray:
+        return self.sim.held
+
+    def held_counts(self) -> np.ndarray:
+        """(offers,) GPUs held of each offer."""
+        return np.bincount(self.slot_offer[self.held], minlength=len(self.offers))
+
+    def free_counts(self) -> np.ndarray:
+        """(offers,) GPUs of each offer that could be requested now."""
+        free = self.available & ~self.held
+        return np.bincount(self.slot_offer[free], minlength=len(self.offers))
+
+    def noticed_counts(self) -> np.ndarray:
+        return np.bincount(self.slot_offer[self.noticed & self.held], minlength=len(self.offers))
+
+    def spend_usd(self) -> float:
+        """Dollars spent up to now."""
+        now = self.sim.now_s
+        held = self.held
+        running = float(np.sum(self.slot_price[held] * (now - self._held_since[held])) / 3600.0)
+        return self._spent + running
+
+    def cost_rate_usd_per_hour(self) -> float:
+        return float(self.slot_price[self.held].sum())
+
+    # --- decisions -----------------------------------------------------------------------------------
+    def change(self, deltas) -> dict[str, list]:
+        """Request (positive) or release (negative) ``deltas[k]`` GPUs of offer k, all at once.
+
+        Raises:
+            ValueError: a delta that is not an integer, a request beyond the GPUs free in the pool
+                or a release beyond those held, or a result below one GPU in all (each naming the
+                offer, the field and the allowed range).
+        """
+        self._require_reset()
+        d = np.asarray(deltas)
+        if d.shape != (len(self.offers),):
+            raise ValueError(f"deltas must have one entry per offer {list(self.offers)}, got shape {d.shape}")
+        held, free = self.held_counts(), self.free_counts()
+        for k, offer in enumerate(self.offers):
+            v = check_int(f"deltas[{k}] ({offer})", d[k].item() if hasattr(d[k], "item") else d[k])
+            if v > free[k]:
+                raise ValueError(
+                    f"deltas[{k}] ({offer}) requests {v} GPUs, beyond the pool: {int(free[k])} free of "
+                    f"{int(self.capacity[k])}; allowed range [{-int(held[k])}, {int(free[k])}]"
+                )
+            if -v > held[k]:
+                raise ValueError(
+                    f"deltas[{k}] ({offer}) releases {-v} GPUs, the job holds {int(held[k])}; "
+                    f"allowed range [{-int(held[k])}, {int(free[k])}]"
+                )
+        total = int(held.sum() + d.sum())
+        if total < 1:
+            raise ValueError(
+                f"deltas {d.tolist()} leave {total} GPUs: the job needs at least one (worker count)"
+            )
+        mask = self.held
+        now = self.sim.now_s
+        added, removed = [], []
+        for k in range(len(self.offers)):
+            v = int(d[k])
+            slots = np.flatnonzero(self.slot_offer == k)
+            if v > 0:
+                pick = [s for s in slots if not mask[s] and self.available[s]][:v]
+                added += pick
+            elif v < 0:
+                mine = [s for s in slots if mask[s]]
+                # Release the GPUs under a preemption notice first, then the newest.
+                mine.sort(key=lambda s: (not self.noticed[s], -s))
+                removed += mine[:-v]
+        for s in added:
+            mask[s] = True
+            self._held_since[s] = now
+            self.log.append(PoolEvent(now, "request", int(s), self.offers[self.slot_offer[s]]))
+        for s in removed:
+            self._bill(s, now)
+            mask[s] = False
+            self.noticed[s] = False
+            self.log.append(PoolEvent(now, "release", int(s), self.offers[self.slot_offer[s]]))
+        if self.sim.set_workers(mask, self.pool.restart_s):
+            self.restarts += 1
+        return {"added": [int(s) for s in added], "removed": [int(s) for s in removed]}
+
+    def set_lr_multiplier(self, multiplier: float) -> None:
+        lo, hi = LR_RANGE
+        m = check_range("lr_multiplier", multiplier, lo, hi)
+        self.lr_multiplier = m
+        self.sim.progress_scale = lr_progress_gain(m, self.lr_tolerance)
+
+    def run_interval(self, local_batches, iterations: int) -> IntervalReport:
+        self._require_reset()
+        return self.sim.run_interval(local_batches, iterations)
+
+    def new_events(self) -> list[PoolEvent]:
+        out = self.log[self._log_cursor :]
+        self._log_cursor = len(self.log)
+        return out
+
+    # --- internals -----------------------------------------------------------------------------------
+    def _require_reset(self) -> None:
+        if not self._reset_done:
+            raise RuntimeError("ElasticJob.reset() must be called first")
+
+    def _bill(self, slot: int, now: float) -> None:
+        self._spent += float(self.slot_price[slot] * (now - self._held_since[slot]) / 3600.0)
+        self._held_since[slot] = math.nan
+
+    def _preemptions(self, slot: int) -> Iterator:
+        spec = self.pool.preemption
+        env = self.sim.clock
+        offer = self.offers[self.slot_offer[slot]]
+        while True:
+            yield env.timeout(float(self._rng.exponential(3600.0 / spec.rate_per_hour)))
+            lo, hi = spec.unavailable_s
+            away = lo if lo == hi else float(self._rng.uniform(lo, hi))
+            if not self.sim.state.held[slot] or not self.available[slot]:
+                continue
+            self.noticed[slot] = True
+            self.log.append(PoolEvent(env.now, "notice", slot, offer))
+            yield env.timeout(spec.notice_s)
+            self.noticed[slot] = False
+            self.available[slot] = False
+            state = self.sim.state
+            if state.held[slot]:  # not released during the notice
+                self._bill(slot, env.now)
+                mask = state.held.copy()
+                mask[slot] = False
+                self.log.append(PoolEvent(env.now, "preempt", slot, offer))
+                if not mask.any():
+                    # The job never runs on zero GPUs: the cheapest free on-demand GPU replaces it.
+                    mask[self._replacement(mask)] = True
+                state.set_held(mask)
+                state.pending_delay_s += self.pool.restart_s
+                self.restarts += 1
+            yield env.timeout(away)
+            self.available[slot] = True
+            self.log.append(PoolEvent(env.now, "available", slot, offer))
+
+    def _replacement(self, mask: np.ndarray) -> int:
+        env = self.sim.clock
+        free = np.flatnonzero(self.available & ~mask & ~self.slot_spot)
+        if free.size == 0:
+            free = np.flatnonzero(self.available & ~mask)
+        if free.size == 0:
+            raise RuntimeError("every GPU of the pool is preempted or unavailable: the job cannot continue")
+        s = int(free[np.argmin(self.slot_price[free])])
+        self._held_since[s] = env.now
+        self.log.append(PoolEvent(env.now, "replace", s, self.offers[self.slot_offer[s]]))
+        return s

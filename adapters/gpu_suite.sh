@@ -30,7 +30,7 @@ run)
     python3 -m adapters.gpu_suite "$dest" --budget-s "${BUDGET_S:-450}" || rc=$?
     if [ -n "${OUT:-}" ]; then
         for f in summary.json summary.md ladder/step_times.csv race/tta_table.csv; do
-            [ -f "$dest/$f" ] && cp "$dest/$f" "$OUT/$(echo "$f" | tr / _)"
+            if [ -f "$dest/$f" ]; then cp "$dest/$f" "$OUT/$(echo "$f" | tr / _)"; fi
         done
         tar czf "$OUT/gpu_suite.tgz" -C "$(dirname "$dest")" gpu_suite
     fi

@@ -1,0 +1,246 @@
+"""Wire messages <-> the project's types, and the validation every incoming field goes through.
+
+The service trusts nothing a client sends: a registration's spec and every interval report are
+checked field by field (finite, within the range below, one entry per registered worker) before
+they reach the encoder, the policy or the learner's log. A violation raises :class:`FieldError`,
+which names the field and the allowed range; the server turns it into ``INVALID_ARGUMENT``.
+
+Ranges (per-worker arrays; every value must be finite):
+
+    | field | allowed |
+    |---|---|
+    | local_batch | [min_batch_i, max_batch_i] of the registered spec |
+    | iteration_time_s, compute_time_s, idle_time_s | [0, 1e4] s |
+    | samples_per_s | [0, 1e9] |
+    | net_bytes_per_s | [0, 1e12] B/s |
+    | tcp_retransmissions | [0, 1e9] segments |
+    | cpu_util, mem_util, gpu_util, gpu_mem_util, batch_accuracy | [0, 1] |
+    | batch_loss | [0, 1e6] |
+    | grad_norm_mean | [0, 1e12]; grad_norm_var, local_grad_sqr: [0, 1e24] |
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from dynamix_gym.backend import BackendSpec, IntervalReport
+from dynamix_gym.schema import SCHEMA_VERSION
+from dynamix_gym.service import arbitrator_pb2 as pb
+
+#: The largest job a service accepts (workers); bounds every per-worker array of a message.
+MAX_WORKERS = 1024
+#: The largest batch any field may carry (samples).
+MAX_BATCH = 1 << 20
+JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+#: Per-worker float fields and their allowed [low, high].
+WORKER_RANGES: dict[str, tuple[float, float]] = {
+    "iteration_time_s": (0.0, 1e4),
+    "compute_time_s": (0.0, 1e4),
+    "idle_time_s": (0.0, 1e4),
+    "samples_per_s": (0.0, 1e9),
+    "net_bytes_per_s": (0.0, 1e12),
+    "tcp_retransmissions": (0.0, 1e9),
+    "cpu_util": (0.0, 1.0),
+    "mem_util": (0.0, 1.0),
+    "gpu_util": (0.0, 1.0),
+    "gpu_mem_util": (0.0, 1.0),
+    "batch_accuracy": (0.0, 1.0),
+    "batch_loss": (0.0, 1e6),
+    "grad_norm_mean": (0.0, 1e12),
+    "grad_norm_var": (0.0, 1e24),
+    "local_grad_sqr": (0.0, 1e24),
+}
+#: Scalar fields of a report and their allowed [low, high].
+SCALAR_RANGES: dict[str, tuple[float, float]] = {
+    "iterations": (1, 1e6),
+    "interval_time_s": (0.0, 1e7),
+    "wall_time_s": (0.0, 1e9),
+    "reconfig_time_s": (0.0, 1e6),
+    "comm_time_s": (0.0, 1e4),
+    "global_batch": (0, MAX_WORKERS * MAX_BATCH),
+    "global_grad_sqr": (0.0, 1e24),
+    "val_accuracy": (0.0, 1.0),
+    "val_loss": (0.0, 1e6),
+    "samples": (0, 1e15),
+    "epoch": (0.0, 1e6),
+}
+
+
+class FieldError(ValueError):
+    """An incoming field is missing, of the wrong size or outside its allowed range."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _in_range(field: str, values: np.ndarray, low: float, high: float) -> None:
+    if not np.all(np.isfinite(values)):
+        raise FieldError(field, f"must be finite, got {values[~np.isfinite(values)][:3].tolist()}")
+    bad = (values < low) | (values > high)
+    if np.any(bad):
+        raise FieldError(field, f"must lie in [{low:g}, {high:g}], got {values[bad][:3].tolist()}")
+
+
+def _sized(field: str, values, n: int, dtype) -> np.ndarray:
+    if len(values) != n:
+        raise FieldError(field, f"needs one entry per registered worker ({n}), got {len(values)}")
+    return np.asarray(values, dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Specs
+# --------------------------------------------------------------------------------------------
+def spec_to_proto(spec: BackendSpec) -> pb.ClusterSpec:
+    return pb.ClusterSpec(
+        gpu_types=list(spec.gpu_types),
+        node_of_worker=[int(x) for x in spec.node_of_worker],
+        min_batch=spec.min_batch.tolist(),
+        max_batch=spec.max_batch.tolist(),
+        initial_batch=spec.initial_batch.tolist(),
+        base_batch=int(spec.base_batch),
+        target_accuracy=float(spec.target_accuracy),
+        time_budget_s=float(spec.time_budget_s) if math.isfinite(spec.time_budget_s) else 0.0,
+        num_classes=int(spec.num_classes),
+    )
+
+
+def check_register(req: pb.RegisterRequest) -> None:
+    """Refuse a registration whose job id, schema, interval or spec is malformed."""
+    if not JOB_ID.match(req.job_id):
+        raise FieldError("job_id", f"must be 1-64 characters of [A-Za-z0-9._-], got {req.job_id[:80]!r}")
+    if req.schema_version != SCHEMA_VERSION:
+        raise FieldError(
+            "schema_version",
+            f"the service encodes observation schema {SCHEMA_VERSION!r}, the job speaks "
+            f"{req.schema_version[:16]!r}; upgrade the client (dynamix_gym) to the service's version",
+        )
+    if not 1 <= req.interval <= 100_000:
+        raise FieldError("interval", f"must lie in [1, 100000] iterations, got {req.interval}")
+    if len(req.workload) > 64 or len(req.task) > 128 or len(req.bundle) > 64:
+        raise FieldError("workload/task/bundle", "names are at most 64 / 128 / 64 characters")
+    if req.next_seq > 1 << 40:
+        raise FieldError("next_seq", f"must lie in [0, 2^40], got {req.next_seq}")
+
+
+def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
+    """A :class:`BackendSpec` from a registration, every field checked."""
+    n = len(msg.gpu_types)
+    if not 1 <= n <= MAX_WORKERS:
+        raise FieldError("spec.gpu_types", f"a job has 1 to {MAX_WORKERS} workers, got {n}")
+    if any(len(g) > 64 for g in msg.gpu_types):
+        raise FieldError("spec.gpu_types", "GPU type names are at most 64 characters")
+    node = _sized("spec.node_of_worker", msg.node_of_worker, n, np.int64)
+    _in_range("spec.node_of_worker", node.astype(np.float64), 0, MAX_WORKERS)
+    arrays = {}
+    for name in ("min_batch", "max_batch", "initial_batch"):
+        arr = _sized(f"spec.{name}", getattr(msg, name), n, np.int64)
+        _in_range(f"spec.{name}", arr.astype(np.float64), 1, MAX_BATCH)
+        arrays[name] = arr
+    if np.any(arrays["min_batch"] > arrays["max_batch"]):
+        raise FieldError("spec.min_batch", "must not exceed max_batch on any worker")
+    lo, hi = arrays["min_batch"], arrays["max_batch"]
+    init = arrays["initial_batch"]
+    if np.any((init < lo) | (init > hi)):
+        raise FieldError("spec.initial_batch", "must lie in [min_batch, max_batch] on every worker")
+    if not 1 <= msg.base_batch <= MAX_BATCH:
+        raise FieldError("spec.base_batch", f"must lie in [1, {MAX_BATCH}], got {msg.base_batch}")
+    if not (math.isfinite(msg.target_accuracy) and 0.0 < msg.target_accuracy <= 1.0):
+        raise FieldError("spec.target_accuracy", f"must lie in (0, 1], got {msg.target_accuracy}")
+    budget = msg.time_budget_s
+    if not math.isfinite(budget) or not 0.0 <= budget <= 1e9:
+        raise FieldError("spec.time_budget_s", f"must lie in [0, 1e9] s (0: no budget), got {budget}")
+    if not 2 <= msg.num_classes <= 1_000_000:
+        raise FieldError("spec.num_classes", f"must lie in [2, 1000000], got {msg.num_classes}")
+    return BackendSpec(
+        gpu_types=tuple(msg.gpu_types),
+        node_of_worker=tuple(int(x) for x in node),
+        min_batch=lo,
+        max_batch=hi,
+        initial_batch=init,
+        base_batch=int(msg.base_batch),
+        target_accuracy=float(msg.target_accuracy),
+        time_budget_s=float(budget) if budget > 0 else math.inf,
+        num_classes=int(msg.num_classes),
+        workload=workload or "user",
+        deterministic=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------
+def report_to_proto(report: IntervalReport) -> pb.IntervalReport:
+    msg = pb.IntervalReport(
+        local_batch=report.local_batch.tolist(),
+        alive=[bool(a) for a in report.alive.tolist()],
+        iterations=int(report.iterations),
+        interval_time_s=float(report.interval_time_s),
+        wall_time_s=float(report.wall_time_s),
+        reconfig_time_s=float(report.reconfig_time_s),
+        comm_time_s=float(report.comm_time_s),
+        global_batch=int(report.global_batch),
+        global_grad_sqr=float(report.global_grad_sqr),
+        val_accuracy=float(report.val_accuracy),
+        val_loss=float(report.val_loss),
+        samples=int(report.samples),
+        epoch=float(report.epoch),
+    )
+    for name in WORKER_RANGES:
+        getattr(msg, name).extend(np.asarray(getattr(report, name), dtype=np.float64).tolist())
+    return msg
+
+
+def report_from_proto(msg: pb.IntervalReport, spec: BackendSpec) -> IntervalReport:
+    """An :class:`IntervalReport` from the wire, every field checked against ``spec``."""
+    n = spec.num_workers
+    batch = _sized("report.local_batch", msg.local_batch, n, np.int64)
+    out_of_range = (batch < spec.min_batch) | (batch > spec.max_batch)
+    if np.any(out_of_range):
+        i = int(np.argmax(out_of_range))
+        raise FieldError(
+            "report.local_batch",
+            f"worker {i} reports {int(batch[i])}, its registered range is "
+            f"[{int(spec.min_batch[i])}, {int(spec.max_batch[i])}]",
+        )
+    alive = _sized("report.alive", msg.alive, n, bool)
+    arrays = {}
+    for name, (low, high) in WORKER_RANGES.items():
+        arr = _sized(f"report.{name}", getattr(msg, name), n, np.float64)
+        _in_range(f"report.{name}", arr, low, high)
+        arrays[name] = arr
+    scalars = {}
+    for name, (low, high) in SCALAR_RANGES.items():
+        v = float(getattr(msg, name))
+        _in_range(f"report.{name}", np.array([v]), low, high)
+        scalars[name] = v
+    if scalars["interval_time_s"] <= 0.0:
+        raise FieldError("report.interval_time_s", "must be > 0 s")
+    return IntervalReport(
+        local_batch=batch,
+        alive=alive,
+        **arrays,
+        iterations=int(scalars["iterations"]),
+        interval_time_s=scalars["interval_time_s"],
+        wall_time_s=scalars["wall_time_s"],
+        reconfig_time_s=scalars["reconfig_time_s"],
+        comm_time_s=scalars["comm_time_s"],
+        global_batch=int(scalars["global_batch"]),
+        global_grad_sqr=scalars["global_grad_sqr"],
+        val_accuracy=scalars["val_accuracy"],
+        val_loss=scalars["val_loss"],
+        samples=int(scalars["samples"]),
+        epoch=scalars["epoch"],
+        truth=None,
+    )
+
+
+def batches_from_proto(field: str, values, spec: BackendSpec) -> np.ndarray:
+    arr = _sized(field, values, spec.num_workers, np.int64)
+    if np.any((arr < spec.min_batch) | (arr > spec.max_batch)):
+        raise FieldError(field, "must lie in the registered [min_batch, max_batch] on every worker")
+    return arr

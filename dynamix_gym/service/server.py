@@ -1,0 +1,544 @@
+"""The arbitrator: one service that holds policy bundles and decides every registered job's batches.
+
+A job registers once (its cluster spec, workload, observation schema version and K), then sends
+one interval report per decision and receives every worker's next local batch. The service keeps,
+per job, the observation encoder's short history and the batches in force, so a job sends only
+what it measured. Decisions are numbered per job (``seq``): a retried report (same ``seq``) gets
+the decision it already got, never a second one, and a skipped ``seq`` is refused, so no decision
+is dropped or duplicated silently.
+
+What a shared server needs, here:
+
+* every call carries ``authorization: Bearer <token>``, compared in constant time
+  (:func:`hmac.compare_digest`) before any handler runs;
+* the gRPC server bounds message sizes and concurrent calls; registrations are bounded by
+  ``max_jobs`` and sessions idle for ``idle_timeout_s`` are dropped;
+* every field of a registration and a report is validated (:mod:`dynamix_gym.service.messages`):
+  a malformed or hostile message is refused with ``INVALID_ARGUMENT`` naming the field and its
+  range, and nothing it carried reaches the policy, the log or the learner;
+* an unexpected error inside a handler is logged and answered ``INTERNAL``; it never stops the
+  service.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from dynamix_gym.backend import BackendSpec
+from dynamix_gym.bundle import BundleMismatchError, PolicyBundle
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.reward import RewardConfig, compute_reward
+from dynamix_gym.schema import split_centralised
+from dynamix_gym.service import arbitrator_pb2 as pb
+from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
+from dynamix_gym.service.messages import (
+    FieldError,
+    batches_from_proto,
+    check_register,
+    report_from_proto,
+    spec_from_proto,
+)
+from dynamix_gym.service.translog import TransitionLog, last_seqs
+
+log = logging.getLogger(__name__)
+
+#: Default bound on any message, either way (bytes). A 1024-worker report is about 150 KiB.
+MAX_MESSAGE_BYTES = 1 << 20
+TOKEN_HEADER = "authorization"
+
+
+# --------------------------------------------------------------------------------------------
+# Policies
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ServedPolicy:
+    """One version of a served bundle."""
+
+    name: str
+    version: int
+    bundle: PolicyBundle
+    reward: RewardConfig
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def bundle_reward(bundle: PolicyBundle) -> RewardConfig:
+    """The reward the bundle was trained with (its config), else the default."""
+    return RewardConfig.from_any(bundle.meta.config.get("reward") or "dynamix")
+
+
+class PolicyStore:
+    """Served bundles by name; the learner swaps a name's version atomically."""
+
+    def __init__(self, bundles: dict[str, PolicyBundle], default: str | None = None) -> None:
+        if not bundles:
+            raise ValueError("the arbitrator needs at least one bundle")
+        self._lock = threading.Lock()
+        self._policies = {name: ServedPolicy(name, 0, b, bundle_reward(b)) for name, b in bundles.items()}
+        self.default = default or next(iter(bundles))
+        if self.default not in self._policies:
+            raise ValueError(f"default bundle {self.default!r} is not among {sorted(self._policies)}")
+
+    def names(self) -> list[str]:
+        return sorted(self._policies)
+
+    def get(self, name: str = "") -> ServedPolicy:
+        with self._lock:
+            key = name or self.default
+            if key not in self._policies:
+                raise KeyError(key)
+            return self._policies[key]
+
+    def swap(self, name: str, bundle: PolicyBundle, version: int) -> ServedPolicy:
+        new = ServedPolicy(name, version, bundle, bundle_reward(bundle))
+        with self._lock:
+            self._policies[name] = new
+        log.info("bundle %s now serves version %d (%s)", name, version, bundle.path)
+        return new
+
+
+def policy_step(
+    served: ServedPolicy, obs: np.ndarray, n: int, explore: bool, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Action indices, values, log-probabilities and the per-worker rows fed to the policy.
+
+    Deterministic (the most likely action) unless ``explore``, when each worker's action is drawn
+    from the policy with ``rng``: DYNAMIX's online mode, whose experience the learner uses.
+    """
+    bundle = served.bundle
+    per_worker = bundle.meta.obs_form == "per_worker"
+    rows = split_centralised(obs, n) if per_worker else obs[None, :]
+    if bundle.obs_norm is not None:
+        rows = bundle.obs_norm(rows)
+    policy = bundle.model.policy
+    with served.lock, torch.no_grad():
+        t = torch.as_tensor(rows, dtype=torch.float32)
+        dist = policy.get_distribution(t)
+        values = policy.predict_values(t).numpy().reshape(-1)
+        if per_worker:
+            probs = dist.distribution.probs.numpy().astype(np.float64)
+        else:
+            probs = np.stack([d.probs.numpy()[0] for d in dist.distribution]).astype(np.float64)
+    if explore:
+        cum = np.cumsum(probs, axis=1)
+        u = rng.random((probs.shape[0], 1)) * cum[:, -1:]
+        actions = np.minimum((u > cum).sum(axis=1), probs.shape[1] - 1)
+    else:
+        actions = probs.argmax(axis=1)
+    logp = np.log(np.maximum(probs[np.arange(len(actions)), actions], 1e-12))
+    return actions.astype(np.int64), values, logp, rows
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions
+# --------------------------------------------------------------------------------------------
+class _SpecBackend:
+    """A backend that only carries a spec: the session reuses the env's encoder and action code."""
+
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
+
+    def reset(self, seed=None, *, rng=None) -> None:  # pragma: no cover - never driven
+        raise RuntimeError("a session's env is never driven; the job trains")
+
+    def run_interval(self, local_batches, iterations):  # pragma: no cover
+        raise RuntimeError("a session's env is never driven; the job trains")
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Session:
+    id: str
+    job_id: str
+    task: str
+    policy_name: str
+    spec: BackendSpec
+    env: HeteroClusterEnv
+    next_seq: int
+    last_seen: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last: pb.Decision | None = None
+    prev_val_accuracy: float | None = None
+    versions: Counter = field(default_factory=Counter)
+    decisions: int = 0
+    ended: bool = False
+
+
+@dataclass
+class ServiceConfig:
+    """Limits and modes of an :class:`ArbitratorService` (conf/serve.yaml)."""
+
+    max_jobs: int = 256
+    idle_timeout_s: float = 600.0
+    explore: bool = False  # sample actions (online mode) instead of the most likely one
+    log_obs_digits: int = 4  # rounding of the logged observations
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_jobs <= 100_000:
+            raise ValueError(f"max_jobs must lie in [1, 100000], got {self.max_jobs}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
+
+
+class ArbitratorService(pb_grpc.ArbitratorServicer):
+    """The servicer. ``learner`` (optional) receives every logged decision and job end.
+
+    Args:
+        store: the served bundles.
+        log_path: the append-only transition log (JSON lines); resumed after a restart.
+        config: limits and modes.
+        rng: the generator of exploration draws and session ids.
+        learner: an :class:`~dynamix_gym.service.learner.OnlineLearner` or ``None``.
+        clock: seconds, monotonic (tests inject one).
+    """
+
+    def __init__(
+        self,
+        store: PolicyStore,
+        log_path: str | Path,
+        config: ServiceConfig | None = None,
+        rng: np.random.Generator | None = None,
+        learner: Any = None,
+        clock=time.monotonic,
+    ) -> None:
+        self.store = store
+        self.config = config or ServiceConfig()
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.log = TransitionLog(log_path)
+        self._resume_seqs = last_seqs(log_path)
+        self.learner = learner
+        self.clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self.stats: Counter = Counter()
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _refuse(self, context, code: grpc.StatusCode, message: str):
+        self.stats[f"refused_{code.name.lower()}"] += 1
+        context.abort(code, message)
+
+    def _expire(self, now: float) -> None:
+        idle = [s for s in self._sessions.values() if now - s.last_seen > self.config.idle_timeout_s]
+        for s in idle:
+            del self._sessions[s.id]
+            self.stats["expired"] += 1
+
+    def sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    # --- RPCs ----------------------------------------------------------------------------------------
+    def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
+        try:
+            check_register(request)
+            spec = spec_from_proto(request.spec, request.workload)
+            try:
+                served = self.store.get(request.bundle)
+            except KeyError:
+                raise FieldError(
+                    "bundle", f"unknown bundle {request.bundle[:64]!r}; served: {self.store.names()}"
+                ) from None
+            meta = served.bundle.meta
+            if meta.obs_form == "centralised" and meta.num_workers != spec.num_workers:
+                raise BundleMismatchError(
+                    f"bundle {served.name!r} is a centralised policy for {meta.num_workers} workers; "
+                    f"the job has {spec.num_workers}"
+                )
+            env = HeteroClusterEnv(backend=_SpecBackend(spec), interval=int(request.interval))
+        except (FieldError, ValueError) as e:
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if isinstance(e, BundleMismatchError)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            return self._refuse(context, code, str(e))
+        if [int(a) for a in env.action_set] != list(meta.action_set):
+            return self._refuse(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"bundle {served.name!r} was trained with deltas {meta.action_set}",
+            )
+        env.batches = spec.initial_batch.astype(np.int64).copy()
+        now = self.clock()
+        next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
+        session = Session(
+            id=uuid.UUID(bytes=self.rng.bytes(16), version=4).hex,
+            job_id=request.job_id,
+            task=request.task,
+            policy_name=served.name,
+            spec=spec,
+            env=env,
+            next_seq=next_seq,
+            last_seen=now,
+        )
+        with self._lock:
+            self._expire(now)
+            if len(self._sessions) >= self.config.max_jobs:
+                return self._refuse(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the service holds its maximum of {self.config.max_jobs} jobs (max_jobs)",
+                )
+            self._sessions[session.id] = session
+        self.stats["registered"] += 1
+        self.log.append(
+            {
+                "kind": "register",
+                "job": request.job_id,
+                "session": session.id,
+                "task": request.task,
+                "workers": spec.num_workers,
+                "workload": spec.workload,
+                "bundle": served.name,
+                "version": served.version,
+                "next_seq": next_seq,
+                "t": time.time(),
+            }
+        )
+        return pb.RegisterReply(
+            session_id=session.id,
+            bundle=served.name,
+            policy_version=served.version,
+            action_set=list(meta.action_set),
+            next_seq=next_seq,
+        )
+
+    def Report(self, request: pb.ReportRequest, context) -> pb.Decision:
+        with self._lock:
+            session = self._sessions.get(request.session_id)
+        if session is None:
+            return self._refuse(
+                context, grpc.StatusCode.NOT_FOUND, "unknown session (expired or the service restarted)"
+            )
+        with session.lock:
+            session.last_seen = self.clock()
+            if session.last is not None and request.seq == session.last.seq:
+                self.stats["replayed"] += 1
+                out = pb.Decision()
+                out.CopyFrom(session.last)
+                out.replayed = True
+                return out
+            if request.seq != session.next_seq:
+                return self._refuse(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"seq: expected {session.next_seq} (or {session.next_seq - 1} to retry), got {request.seq}",
+                )
+            if session.ended:
+                return self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "the job has ended")
+            try:
+                report = report_from_proto(request.report, session.spec)
+                current = batches_from_proto("current_batch", request.current_batch, session.spec)
+            except FieldError as e:
+                return self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            try:
+                return self._decide(session, request.seq, report, current)
+            except Exception:  # a defect must cost one call, never the service
+                log.exception("decision for job %s seq %d failed", session.job_id, request.seq)
+                return self._refuse(context, grpc.StatusCode.INTERNAL, "internal error; see the service log")
+
+    def _decide(self, session: Session, seq: int, report, current: np.ndarray) -> pb.Decision:
+        served = self.store.get(session.policy_name)
+        env = session.env
+        env.batches = current
+        obs = env.encoder.encode(report)
+        spec = session.spec
+        n = spec.num_workers
+        terminated = bool(report.val_accuracy >= spec.target_accuracy)
+        time_up = bool(report.wall_time_s >= spec.time_budget_s)
+        reward = None
+        if session.prev_val_accuracy is not None:
+            reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, terminated)
+        session.prev_val_accuracy = float(report.val_accuracy)
+        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, self.rng)
+        new, _ = env.apply_action(actions)
+        env.batches = new
+        decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
+        session.last = decision
+        session.next_seq = seq + 1
+        session.decisions += 1
+        session.versions[served.version] += 1
+        digits = self.config.log_obs_digits
+        record = {
+            "kind": "decision",
+            "job": session.job_id,
+            "session": session.id,
+            "task": session.task,
+            "bundle": served.name,
+            "seq": seq,
+            "version": served.version,
+            "t": time.time(),
+            "obs": np.round(rows.astype(np.float64), digits).tolist(),
+            "action": actions.tolist(),
+            "value": np.round(values.astype(np.float64), 6).tolist(),
+            "log_prob": np.round(logp, 6).tolist(),
+            "reward": None if reward is None else float(reward),
+            "val_accuracy": float(report.val_accuracy),
+            "wall_time_s": float(report.wall_time_s),
+            "done": terminated or time_up,
+        }
+        self.log.append(record)
+        self.stats["decisions"] += 1
+        if self.learner is not None:
+            self.learner.observe(record)
+        if terminated or time_up:
+            self._end(session, report.wall_time_s, terminated)
+        return decision
+
+    def _end(self, session: Session, wall_time_s: float, reached: bool) -> None:
+        session.ended = True
+        version = session.versions.most_common(1)[0][0] if session.versions else 0
+        # Time to accuracy, or (target missed) twice the time used, as the training validation scores.
+        tta = float(wall_time_s) if reached else 2.0 * float(wall_time_s)
+        record = {
+            "kind": "end",
+            "job": session.job_id,
+            "session": session.id,
+            "task": session.task,
+            "bundle": session.policy_name,
+            "version": version,
+            "pure": len(session.versions) == 1,
+            "tta_s": tta if math.isfinite(tta) else None,
+            "reached": reached,
+            "decisions": session.decisions,
+            "t": time.time(),
+        }
+        self.log.append(record)
+        self.stats["jobs_ended"] += 1
+        if self.learner is not None:
+            self.learner.job_end(record)
+
+    def Close(self, request: pb.CloseRequest, context) -> pb.CloseReply:
+        with self._lock:
+            session = self._sessions.pop(request.session_id, None)
+        if session is None:
+            return self._refuse(context, grpc.StatusCode.NOT_FOUND, "unknown session")
+        return pb.CloseReply(decisions=session.decisions)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The gRPC server
+# --------------------------------------------------------------------------------------------
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses (``UNAUTHENTICATED``) every call whose ``authorization`` is not ``Bearer <token>``."""
+
+    def __init__(self, token: str, stats: Counter) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._stats = stats
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):
+        got = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_HEADER:
+                got = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
+        if not hmac.compare_digest(got, self._expected):
+            self._stats["refused_unauthenticated"] += 1
+            return self._deny
+        return continuation(handler_call_details)
+
+
+def load_token(token_file: str | Path | None, token_env: str | None, environ: dict | None = None) -> str:
+    """The shared token: from ``token_file`` if given, else the environment variable ``token_env``.
+
+    Raises:
+        ValueError: when neither holds a token of at least 16 characters.
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    if token_file:
+        path = Path(token_file)
+        if not path.is_file():
+            raise ValueError(f"token_file {str(path)!r} does not exist")
+        token = path.read_text().strip()
+        source = f"token_file {str(path)!r}"
+    elif token_env:
+        token = environ.get(token_env, "").strip()
+        source = f"environment variable {token_env}"
+    else:
+        raise ValueError("the arbitrator needs a token: set token_file=<path> or token_env=<variable>")
+    if len(token) < 16 or any(c.isspace() for c in token) or not token.isprintable():
+        raise ValueError(f"{source} must hold a token of at least 16 printable characters, no spaces")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+
+
+def build_server(
+    service: ArbitratorService,
+    token: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    threads: int = 16,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    max_concurrent_rpcs: int = 256,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    allow_insecure_remote: bool = False,
+) -> tuple[grpc.Server, int]:
+    """A started-ready (not started) gRPC server for ``service`` and the port it bound.
+
+    It binds ``host`` (127.0.0.1 unless told otherwise). A non-loopback address without TLS
+    (``cert_file`` + ``key_file``) is refused unless ``allow_insecure_remote``: the token would
+    cross the network in clear.
+    """
+    from concurrent import futures
+
+    if not 1024 <= max_message_bytes <= 64 << 20:
+        raise ValueError(f"max_message_bytes must lie in [1024, 64 MiB], got {max_message_bytes}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must lie in [0, 65535], got {port}")
+    tls = bool(cert_file or key_file)
+    if tls and not (cert_file and key_file):
+        raise ValueError("TLS needs both cert_file and key_file")
+    if not is_loopback(host) and not tls and not allow_insecure_remote:
+        raise ValueError(
+            f"host {host!r} is not a loopback address: configure TLS (cert_file, key_file) so the token "
+            "does not travel in clear, or set allow_insecure_remote=true"
+        )
+    options = [
+        ("grpc.max_receive_message_length", int(max_message_bytes)),
+        ("grpc.max_send_message_length", int(max_message_bytes)),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arbitrator"),
+        interceptors=[TokenInterceptor(token, service.stats)],
+        options=options,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+    )
+    pb_grpc.add_ArbitratorServicer_to_server(service, server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls:
+        creds = grpc.ssl_server_credentials([(Path(key_file).read_bytes(), Path(cert_file).read_bytes())])
+        bound = server.add_secure_port(address, creds)
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"could not bind {address}")
+    return server, bound

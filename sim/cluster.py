@@ -87,6 +87,26 @@ CLUSTERS = {
     "t4x8": lambda: homogeneous_cluster("T4", 8),
     "v100x8": lambda: homogeneous_cluster("V100", 8),
     "t4_v100_2080ti": lambda: mixed_cluster({"T4": 4, "V100": 2, "RTX2080Ti": 2}),
+    "t4v100_64": lambda: default_cluster(64),
+    "a100_t4": lambda: ClusterSpec(
+        name="4xA100+4xT4",
+        nodes=(NodeSpec(gpu="A100", gpus=4, cpu_cores=64, host_mem_gib=512.0), NodeSpec(gpu="T4", gpus=4)),
+    ),
+    "a100_t4_16": lambda: ClusterSpec(
+        name="8xA100+8xT4",
+        nodes=(
+            NodeSpec(gpu="A100", gpus=8, cpu_cores=128, host_mem_gib=1024.0),
+            *(NodeSpec(gpu="T4", gpus=4),) * 2,
+        ),
+    ),
+    "t4_v100_a100_32": lambda: ClusterSpec(
+        name="16xT4+8xV100+8xA100",
+        nodes=(
+            *(NodeSpec(gpu="T4", gpus=4),) * 4,
+            NodeSpec(gpu="V100", gpus=8, cpu_cores=32, host_mem_gib=512.0),
+            NodeSpec(gpu="A100", gpus=8, cpu_cores=128, host_mem_gib=1024.0),
+        ),
+    ),
 }
 
 

@@ -230,6 +230,53 @@ SCENARIOS["mixed"] = Scenario(
     slowdown=SlowdownSpec(probability=0.5, start_s=(600.0, 3600.0), factor=(0.3, 0.6)),
 )
 
+# Fault families of dynamix-bench-v1 beyond the five above (conf/scenario/<name>.yaml spell them out).
+SCENARIOS["loss_rejoin"] = Scenario(
+    name="loss_rejoin",
+    description="One worker is lost for 5-15 minutes, then rejoins; an elastic restart each time.",
+    slowdown=SlowdownSpec(
+        probability=1.0,
+        start_s=(120.0, 900.0),
+        factor=(0.0, 0.0),
+        duration_s=(300.0, 900.0),
+        restart_delay_s=30.0,
+    ),
+)
+SCENARIOS["congestion_windows"] = Scenario(
+    name="congestion_windows",
+    description="Scheduled windows of heavy network congestion (bandwidth x0.1-0.25) at fixed times.",
+    network=NetworkSpec(bandwidth_cv=0.1, latency_jitter_s=1e-4, loss_rate=1e-5),
+    windows=tuple(
+        FaultWindow(kind="congestion", start_s=start, duration_s=duration, factor=factor)
+        for start, duration, factor in (
+            (90.0, 180.0, 0.15),
+            (600.0, 300.0, 0.1),
+            (1500.0, 240.0, 0.25),
+            (3000.0, 600.0, 0.15),
+            (7200.0, 900.0, 0.1),
+        )
+    ),
+)
+SCENARIOS["short_throttles"] = Scenario(
+    name="short_throttles",
+    description="Frequent short throttling (10-45 s, ~30 an hour per GPU) of T4s and RTX 2080 Tis.",
+    throttle=ThrottleSpec(
+        gpu_types=("T4", "RTX2080Ti"), rate_per_hour=30.0, duration_s=(10.0, 45.0), speed_factor=(0.3, 0.6)
+    ),
+)
+SCENARIOS["starved_input"] = Scenario(
+    name="starved_input",
+    description="CPU-starved input pipelines: host / data-loader floor x3-8 in bursts, GPUs at speed.",
+    interference=InterferenceSpec(
+        rate_per_hour=6.0,
+        duration_s=(120.0, 900.0),
+        gpu_slowdown=(1.0, 1.05),
+        host_slowdown=(3.0, 8.0),
+        cpu_load=(0.6, 0.9),
+        worker_probability=0.75,
+    ),
+)
+
 
 def get_scenario(name: str | Scenario) -> Scenario:
     if isinstance(name, Scenario):

@@ -3,6 +3,7 @@
     python -m experiments.train                       # defaults: conf/train.yaml
     python -m experiments.train experiment=headline   # the headline preset
     python -m experiments.train run_dir=<dir>         # resume an interrupted run from its last checkpoint
+    python -m experiments.train experiment=train_elastic_ppo   # dynamix/ElasticCluster-v0 (also _sac)
 
 Writes ``<run_dir>/best`` (the bundle with the best validation time-to-accuracy), ``<run_dir>/policy``
 (the final bundle), checkpoints and TensorBoard logs. Returns the best validation time-to-accuracy
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig) -> float:
     raw = OmegaConf.to_container(cfg, resolve=True)
+    if raw.get("elastic"):  # dynamix/ElasticCluster-v0 learners (experiment=train_elastic_*)
+        return run_elastic(raw)
     fields = set(TrainConfig.__dataclass_fields__)
     kwargs = {k: v for k, v in raw.items() if k in fields}
     kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
@@ -41,6 +44,22 @@ def run(cfg: DictConfig) -> float:
     best_min = result["best_validation_tta_s"] / 60.0
     log.info("best validation time-to-accuracy: %.2f min (%s)", best_min, result["best_bundle"])
     return best_min
+
+
+def run_elastic(raw: dict) -> float:
+    """Train an elastic learner (PPO, SAC or TD3); returns the best validation dollars to accuracy."""
+    from dynamix_gym.elastic.training import ElasticTrainConfig, train_elastic
+
+    kwargs = dict(raw["elastic"])
+    kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
+    if "eval_seeds" in kwargs:
+        kwargs["eval_seeds"] = tuple(kwargs["eval_seeds"])
+    result = train_elastic(ElasticTrainConfig(**kwargs), config_dict=raw)
+    out = Path(kwargs["run_dir"]) / "train_summary.json"
+    atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
+    value = result["best_validation"]["dollars_to_accuracy"]
+    log.info("best validation dollars to accuracy: %.4f (%s)", value, result["best_bundle"])
+    return value
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")

@@ -224,6 +224,25 @@ class ElasticJob:
         self._require_reset()
         return self.sim.run_interval(local_batches, iterations)
 
+    def truth_for(self, held: np.ndarray, local_batches: np.ndarray, progress: float | None = None) -> dict:
+        """Ground truth for oracles: the noise-free iteration time (s) and progress per second of
+        holding ``held`` at ``local_batches`` under the current faults (a restart not counted)."""
+        sim = self.sim
+        held = np.asarray(held, dtype=bool) & self.available
+        if not held.any():
+            return {"iteration_time_s": math.inf, "progress_per_s": 0.0, "global_batch": 0}
+        b = np.asarray(local_batches, dtype=np.float64)
+        st = sim.state
+        comp = sim.compute_time_s(b)[held]
+        r = int(held.sum())
+        comm = sim._comm(r, len(np.unique(sim.node_of_worker[held])))
+        sync = comm.sync_time_s(st.bandwidth_factor, sim.scenario.network.latency_jitter_s) if r > 1 else 0.0
+        it = float(comm.iteration_time_s(comp.max(), sync))
+        gb = int(b[held].sum())
+        p = sim.progress if progress is None else progress
+        rate = sim.convergence.progress_per_step(gb, p) * sim.progress_scale / it
+        return {"iteration_time_s": it, "progress_per_s": rate, "global_batch": gb}
+
     def new_events(self) -> list[PoolEvent]:
         out = self.log[self._log_cursor :]
         self._log_cursor = len(self.log)

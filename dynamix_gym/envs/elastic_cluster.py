@@ -12,9 +12,12 @@ import numpy as np
 from gymnasium import spaces
 
 from dynamix_gym.elastic.backend import ElasticSimBackend
+from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.elastic.reward import ElasticRewardConfig, elastic_reward
 from dynamix_gym.envs.hetero_cluster import DEFAULT_ACTION_SET, HeteroClusterEnv
 from sim.elastic import LR_RANGE
+from sim.pool import pool_from_dict
+from sim.specs_io import spec_to_dict
 
 ACTION_FORMS = ("dict", "multidiscrete", "box")
 BATCH_ACTIONS = ("per_worker", "none")
@@ -25,6 +28,27 @@ LR_CHOICES = (0.8, 0.9, 1.0, 1.1, 1.25)
 #: Per-offer pool features and global elastic features appended to the batch env's observation.
 POOL_FEATURES = ("held_fraction", "free_fraction", "price_log10_usd_per_gpu_hour", "noticed_fraction")
 ELASTIC_GLOBALS = ("spend_log10_1p_usd", "cost_rate_log10_1p_usd_per_hour", "lr_multiplier", "gpus_log2")
+
+
+class _ElasticTruth:
+    """``job.truth_for`` for oracles, shared (not copied) when vectorised envs deep-copy infos and
+    dropped when an info is pickled across processes (it holds the live simulator)."""
+
+    def __init__(self, job) -> None:
+        self._job = job
+
+    def __call__(self, held, local_batches, progress=None) -> dict:
+        return self._job.truth_for(held, local_batches, progress)
+
+    def __deepcopy__(self, memo: dict) -> _ElasticTruth:
+        return self
+
+    def __reduce__(self):
+        return (_no_truth, ())
+
+
+def _no_truth() -> None:
+    return None
 
 
 def _to_unit(x: np.ndarray | float, lo: float, hi: float) -> np.ndarray:
@@ -94,7 +118,8 @@ class ElasticClusterEnv(gym.Env):
     ``gymnasium.make("dynamix/ElasticCluster-v0", pool="t4v100_spot", workload=None,
     scenario="static_hetero", reward="cost", interval=50, action_form="dict",
     batch_mode="delta", batch_action="per_worker", max_decisions=None, time_budget_s=None,
-    initial_batch=None, window=4, lr_tolerance=0.25, sim_kwargs=None)``.
+    initial_batch=None, window=4, lr_tolerance=0.25, sim_kwargs=None, initial_allocation=None)``;
+    ``initial_allocation`` (``{offer: GPUs}``) replaces the pool's ``initial``.
 
     ## Version History
     * v0: initial version.
@@ -118,6 +143,7 @@ class ElasticClusterEnv(gym.Env):
         window: int = 4,
         lr_tolerance: float = 0.25,
         sim_kwargs: dict[str, Any] | None = None,
+        initial_allocation: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         if action_form not in ACTION_FORMS:
@@ -130,6 +156,13 @@ class ElasticClusterEnv(gym.Env):
             batch_mode = "continuous"  # the box form scales batches continuously
         if action_form == "multidiscrete" and batch_mode == "continuous":
             raise ValueError("action_form='multidiscrete' needs batch_mode='delta'")
+        pool = get_pool(pool)
+        if initial_allocation is not None:
+            if not isinstance(initial_allocation, Mapping):
+                raise ValueError(
+                    f"initial_allocation must map offers to GPU counts, got {initial_allocation!r}"
+                )
+            pool = pool_from_dict({**spec_to_dict(pool), "initial": dict(initial_allocation)})
         self.backend = ElasticSimBackend(
             pool,
             workload,
@@ -140,6 +173,7 @@ class ElasticClusterEnv(gym.Env):
             **(sim_kwargs or {}),
         )
         self.job = self.backend.job
+        self._truth = _ElasticTruth(self.job)
         self.pool = self.backend.pool
         # The batch env over every slot: its encoder, batch actions and clipping are reused as they are.
         self.batch_env = HeteroClusterEnv(
@@ -344,10 +378,12 @@ class ElasticClusterEnv(gym.Env):
         info = dict(base)
         events = [str(e) for e in self.job.new_events()]
         info.update(
+            elastic_truth=self._truth,  # simulation only: for oracles
             reward_terms=terms,
             spend_usd=self.job.spend_usd(),
             cost_rate_usd_per_hour=self.job.cost_rate_usd_per_hour(),
             held=self.job.held,
+            available=self.job.available & ~self.job.held,
             held_counts=dict(zip(self.offers, self.job.held_counts().tolist(), strict=True)),
             free_counts=dict(zip(self.offers, self.job.free_counts().tolist(), strict=True)),
             lr_multiplier=self.job.lr_multiplier,

@@ -1,0 +1,190 @@
+"""Learners of the elastic problem: PPO (on the multidiscrete form) and an off-policy actor-critic
+(SAC or TD3 on the continuous box form; the cloud scheduler used DDPG), one entry point.
+
+    python -m experiments.train experiment=train_elastic_ppo
+    python -m experiments.train experiment=train_elastic_sac
+
+Bundles are the project's bundle directories (:func:`dynamix_gym.bundle.save_bundle`) whose
+``bundle.json`` metadata names the env id, the algorithm and the action form, so a loader builds the
+right SB3 class and refuses an env whose spaces differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO, SAC, TD3
+from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
+
+from dynamix_gym.bundle import BundleMeta, BundleMismatchError, ObsNorm, save_bundle
+from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
+from dynamix_gym.envs.hetero_cluster import DEFAULT_ACTION_SET
+
+log = logging.getLogger(__name__)
+
+ENV_ID = "dynamix/ElasticCluster-v0"
+ALGOS = {"ppo": PPO, "sac": SAC, "td3": TD3}
+#: The action form each learner drives.
+ALGO_FORM = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}
+
+
+@dataclass
+class ElasticTrainConfig:
+    run_dir: str
+    algo: str = "ppo"
+    seed: int = 100  # training and tuning seeds are >= 100; 0-4 are held out for the report
+    total_timesteps: int = 60_000
+    n_envs: int = 4
+    env: dict[str, Any] = field(default_factory=dict)  # ElasticClusterEnv kwargs (action_form set by algo)
+    algo_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    normalize_obs: bool = True
+    eval_every: int = 10_000
+    eval_seeds: tuple[int, ...] = (100, 101, 102)
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo={self.algo!r} is not one of {list(ALGOS)}")
+        if min(self.eval_seeds, default=100) < 100 or self.seed < 100:
+            raise ValueError("seed and eval_seeds must be >= 100 (seeds 0-4 are held out for the report)")
+
+
+def _env_kwargs(cfg: ElasticTrainConfig) -> dict[str, Any]:
+    return {**cfg.env, "action_form": ALGO_FORM[cfg.algo]}
+
+
+class ElasticPolicy:
+    """A trained elastic bundle as a controller (``predict(obs, info)`` -> the env's flat action)."""
+
+    name = "learned"
+    uses_truth = False
+
+    def __init__(self, model: Any, obs_norm: ObsNorm | None, meta: dict[str, Any]) -> None:
+        self.model, self.obs_norm, self.meta = model, obs_norm, meta
+
+    def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True):
+        obs = self.obs_norm(observation) if self.obs_norm is not None else observation
+        action, _ = self.model.predict(obs, deterministic=deterministic)
+        return action, None
+
+
+def save_elastic_bundle(
+    path: Path, model: Any, cfg: ElasticTrainConfig, norm: ObsNorm | None, env: Any
+) -> Path:
+    meta = BundleMeta(
+        obs_form="centralised",
+        action_set=list(DEFAULT_ACTION_SET),
+        num_workers=env.num_workers,
+        config={"env": _env_kwargs(cfg), "algo_kwargs": cfg.algo_kwargs},
+        metadata={
+            "env_id": ENV_ID,
+            "algo": cfg.algo,
+            "action_form": env.action_form,
+            "action_space": str(env.action_space),
+            "obs_dim": int(env.obs_dim),
+            "offers": list(env.offers),
+            "timesteps": int(model.num_timesteps),
+            "seed": cfg.seed,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
+    return save_bundle(path, model, meta, norm)
+
+
+def load_elastic_bundle(path: str | Path, env: ElasticClusterEnv | None = None) -> ElasticPolicy:
+    """Load an elastic bundle; with ``env``, refuse one trained for other spaces."""
+    path = Path(path)
+    raw = json.loads((path / "bundle.json").read_text())
+    md = raw.get("metadata", {})
+    if md.get("env_id") != ENV_ID:
+        raise BundleMismatchError(f"{path} is not a {ENV_ID} bundle (env_id {md.get('env_id')!r})")
+    if env is not None:
+        env = env.unwrapped
+        if str(env.action_space) != md["action_space"] or int(env.obs_dim) != int(md["obs_dim"]):
+            raise BundleMismatchError(
+                f"{path} was trained on action space {md['action_space']} and {md['obs_dim']} observation "
+                f"features; this env has {env.action_space} and {env.obs_dim}"
+            )
+    model = ALGOS[md["algo"]].load(path / "model.zip", device="cpu")
+    norm = None
+    if (path / "obs_norm.npz").is_file():
+        z = np.load(path / "obs_norm.npz")
+        norm = ObsNorm(z["mean"], z["var"], float(z["clip"]), float(z["epsilon"]))
+    return ElasticPolicy(model, norm, raw)
+
+
+def evaluate(policy: ElasticPolicy, env_kwargs: dict[str, Any], seeds) -> dict[str, float]:
+    """Mean dollars and time to accuracy over ``seeds`` (inf if any seed misses the target)."""
+    rows = [run_elastic_episode(ElasticClusterEnv(**env_kwargs), policy, s) for s in seeds]
+    return {
+        "dollars_to_accuracy": float(np.mean([r["dollars_to_accuracy"] for r in rows])),
+        "time_to_accuracy_s": float(np.mean([r["time_to_accuracy_s"] for r in rows])),
+    }
+
+
+def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train a learner; keeps the bundle with the lowest validation dollars to accuracy (seeds >= 100)."""
+    torch.set_num_threads(cfg.torch_threads)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    kwargs = _env_kwargs(cfg)
+    venv = DummyVecEnv([lambda: ElasticClusterEnv(**kwargs) for _ in range(cfg.n_envs)])
+    venv.seed(cfg.seed)
+    venv = VecMonitor(venv)
+    if cfg.normalize_obs:
+        venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.algo_kwargs.get("gamma", 0.99))
+    cls = ALGOS[cfg.algo]
+    model = cls(
+        "MlpPolicy",
+        venv,
+        seed=cfg.seed,
+        device="cpu",
+        policy_kwargs=dict(cfg.policy_kwargs) or None,
+        **cfg.algo_kwargs,
+    )
+    probe_env = ElasticClusterEnv(**kwargs)
+    best = {"dollars_to_accuracy": math.inf}
+    history = []
+
+    def norm() -> ObsNorm | None:
+        return ObsNorm.from_vecnormalize(venv) if isinstance(venv, VecNormalize) else None
+
+    t0 = time.perf_counter()
+    done = 0
+    while done < cfg.total_timesteps:
+        chunk = min(cfg.eval_every, cfg.total_timesteps - done)
+        model.learn(total_timesteps=chunk, reset_num_timesteps=False, progress_bar=False)
+        done += chunk
+        score = evaluate(ElasticPolicy(model, norm(), {}), kwargs, cfg.eval_seeds)
+        score["timesteps"] = int(model.num_timesteps)
+        history.append(score)
+        log.info("%s at %d steps: validation %s", cfg.algo, model.num_timesteps, score)
+        key = score["dollars_to_accuracy"], score["time_to_accuracy_s"]
+        if not (run_dir / "best").exists() or key < (
+            best["dollars_to_accuracy"],
+            best.get("time_to_accuracy_s", math.inf),
+        ):
+            best = score
+            save_elastic_bundle(run_dir / "best", model, cfg, norm(), probe_env)
+    train_s = time.perf_counter() - t0
+    save_elastic_bundle(run_dir / "policy", model, cfg, norm(), probe_env)
+    venv.close()
+    return {
+        "algo": cfg.algo,
+        "best_validation": best,
+        "history": history,
+        "timesteps": int(model.num_timesteps),
+        "train_seconds": train_s,
+        "best_bundle": str(run_dir / "best"),
+        "final_bundle": str(run_dir / "policy"),
+    }

@@ -9,8 +9,15 @@ Real mode (default) profiles native DDP ranks on this machine through the real b
 episode pays per decision interval beyond its iterations, and static-batch training curves for the
 convergence model. Table mode fits a measured table in the reference format instead
 (``sim/data/reference/README.md``; :func:`sim.fitting.read_profile_table` rejects ill-formed ones).
-Both fit with :func:`sim.fitting.fit_all`, the fit behind the shipped models, and write a profile
-directory (:mod:`sim.calibration`) with ``calibration.md`` / ``calibration.json`` next to it.
+With ``traces=`` (convergence traces in the reference format, the metric in the workload's own
+units) and ``workload=`` (a YAML file of :class:`sim.workloads.Workload` fields, or a preset name),
+table mode also fits the workload's convergence model (:mod:`sim.traces_table`,
+:func:`sim.fit_convergence.fit_app`): an application the project has never seen, with a rising
+or falling metric, needs no code edit. Both modes fit with :func:`sim.fitting.fit_all`, the fit
+behind the shipped models, and write a profile directory (:mod:`sim.calibration`) with
+``calibration.md`` / ``calibration.json`` next to it (the figures of every fit report: step-time
+leave-one-batch-out MdAPE per worker type, and with traces accuracy RMSE and epochs-to-target
+Kendall tau). The directory appears whole or not at all.
 
 Returns the held-out step-time MdAPE (pooled over worker types).
 """

@@ -194,10 +194,14 @@ class ArbitratorClient:
         self._retry_at = -math.inf
         return reply
 
-    def close(self) -> None:
-        """Tell the service the job is over (best effort) and close the channel."""
+    def close(self, final_report: IntervalReport | None = None) -> None:
+        """Tell the service the job is over (best effort; ``final_report``: the interval that ended
+        it, whose reward and time the service has not seen) and close the channel."""
         if self.session is not None:
-            self._call(self._stub.Close, pb.CloseRequest(session_id=self.session))
+            req = pb.CloseRequest(session_id=self.session)
+            if final_report is not None:
+                req.final_report.CopyFrom(report_to_proto(final_report))
+            self._call(self._stub.Close, req)
             self.session = None
         self._channel.close()
 
@@ -225,5 +229,5 @@ class RemoteController(BaseController):
         new = self.client.decide(info["report"], current)
         return (current if new is None else new).astype(np.float32), None
 
-    def close(self) -> None:
-        self.client.close()
+    def close(self, final_report: IntervalReport | None = None) -> None:
+        self.client.close(final_report)

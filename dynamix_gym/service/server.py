@@ -424,10 +424,47 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
 
     def Close(self, request: pb.CloseRequest, context) -> pb.CloseReply:
         with self._lock:
-            session = self._sessions.pop(request.session_id, None)
+            session = self._sessions.get(request.session_id)
         if session is None:
             return self._refuse(context, grpc.StatusCode.NOT_FOUND, "unknown session")
+        with session.lock:
+            if request.HasField("final_report") and not session.ended:
+                try:
+                    report = report_from_proto(request.final_report, session.spec)
+                except FieldError as e:
+                    return self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                self._finish(session, report)
+        with self._lock:
+            self._sessions.pop(request.session_id, None)
         return pb.CloseReply(decisions=session.decisions)
+
+    def _finish(self, session: Session, report) -> None:
+        """The job's last interval (no decision follows): its reward closes the last transition."""
+        served = self.store.get(session.policy_name)
+        spec = session.spec
+        reached = bool(report.val_accuracy >= spec.target_accuracy)
+        reward = None
+        if session.prev_val_accuracy is not None:
+            reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, reached)
+        record = {
+            "kind": "final",
+            "job": session.job_id,
+            "session": session.id,
+            "task": session.task,
+            "bundle": served.name,
+            "seq": session.next_seq,
+            "version": served.version,
+            "t": time.time(),
+            "value": [],
+            "reward": None if reward is None else float(reward),
+            "val_accuracy": float(report.val_accuracy),
+            "wall_time_s": float(report.wall_time_s),
+            "done": True,
+        }
+        self.log.append(record)
+        if self.learner is not None:
+            self.learner.observe(record)
+        self._end(session, report.wall_time_s, reached)
 
     def close(self) -> None:
         self.log.close()

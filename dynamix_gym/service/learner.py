@@ -1,0 +1,413 @@
+"""Online fine-tuning (DYNAMIX's online mode): PPO from the experience of the jobs the service serves.
+
+The service hands the learner every logged decision (per-worker observation rows, the sampled
+action indices, the policy's value and log-probability) and, with the next report of the same job,
+the reward of that decision's interval. One *transition* is one worker's (obs, action, reward,
+next value) of one interval; GAE runs over each (job, worker) trajectory with the bundle's gamma
+and lambda.
+
+Every ``update_every`` new transitions, :meth:`OnlineLearner.step`:
+
+1. copies the serving version's policy and runs SB3 PPO's own update (``PPO.train``: clipped
+   surrogate, value loss, entropy bonus, ``n_epochs`` passes) on the newest ``window``
+   transitions at a small learning rate;
+2. validates the candidate on simulated held-out tasks (the benchmark's *train* split, seeds
+   >= 100; never its test split): mean time to accuracy, twice the time used when the target is
+   missed (as pretraining's validation);
+3. promotes it only if that beats the parent's validation score by ``min_gain``: the candidate is
+   saved as a bundle ``<versions_dir>/vNNN`` whose metadata carries its lineage (parent, data,
+   learning rate, scores) and the service swaps to it; otherwise it is rejected and logged.
+
+Rollback: a promoted version is then *measured* on the jobs it serves. Every job that ends
+(target reached, or its time budget spent) served by one version gives a time to accuracy; each is
+divided by the parent's mean on jobs of the same task. When ``rollback_window`` such ratios of the
+serving version average above ``1 + rollback_tolerance``, the service rolls back to the parent, the
+version is marked ``rolled_back`` in ``lineage.json`` and the experience gathered under it is
+dropped. Every event is appended to the service's transition log as well.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynamix_gym.bundle import BundleMeta, PolicyBundle, load_bundle, save_bundle
+from dynamix_gym.service.server import PolicyStore
+from dynamix_gym.service.translog import TransitionLog
+from sim.datafiles import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LearnerConfig:
+    """Online fine-tuning settings (conf/serve.yaml ``learner``)."""
+
+    learning_rate: float = 1e-5
+    update_every: int = 512  # new transitions (worker-intervals) between updates
+    window: int = 4096  # newest transitions an update trains on
+    n_epochs: int = 3
+    batch_size: int = 256
+    clip_range: float = 0.1
+    ent_coef: float = 0.0
+    min_gain: float = 0.005  # validation TTA must fall by this fraction for a promotion
+    rollback_window: int = 3  # measured jobs of a promoted version before it is judged
+    rollback_tolerance: float = 0.05  # mean TTA ratio to the parent above 1 + this: roll back
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.learning_rate <= 1e-2:
+            raise ValueError(f"learner.learning_rate must lie in (0, 0.01], got {self.learning_rate}")
+        for name in ("update_every", "window", "n_epochs", "batch_size", "rollback_window"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"learner.{name} must be >= 1, got {getattr(self, name)}")
+        if self.window < self.update_every:
+            raise ValueError("learner.window must be >= learner.update_every")
+        if not 0.0 <= self.min_gain < 1.0 or self.rollback_tolerance < 0.0:
+            raise ValueError("learner.min_gain must lie in [0, 1) and rollback_tolerance be >= 0")
+
+
+@dataclass
+class _Pending:
+    """A decision waiting for the reward of its interval."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    value: np.ndarray
+    log_prob: np.ndarray
+    version: int
+
+
+class OnlineLearner:
+    """PPO fine-tuning of one served bundle from the service's experience.
+
+    Args:
+        store: the service's policies; ``name`` is the bundle it fine-tunes.
+        versions_dir: where promoted versions (``vNNN`` bundles) and ``lineage.json`` go.
+        validate: candidate bundle -> {validation task: mean TTA (s)}; lower is better.
+        config: learning settings.
+        rng: seeds PPO's minibatch order (SB3 draws from the global generators it seeds).
+        log: the service's transition log, for lineage events (optional).
+    """
+
+    def __init__(
+        self,
+        store: PolicyStore,
+        name: str,
+        versions_dir: str | Path,
+        validate: Callable[[PolicyBundle], dict[str, float]],
+        config: LearnerConfig | None = None,
+        rng: np.random.Generator | None = None,
+        log: TransitionLog | None = None,
+    ) -> None:
+        self.store, self.name = store, name
+        self.versions_dir = Path(versions_dir)
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        self.validate = validate
+        self.config = config or LearnerConfig()
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.translog = log
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        # (session, worker, obs, action, value, log_prob, reward, done, next_value, version)
+        self._buffer: deque[tuple] = deque(maxlen=self.config.window)
+        self._new = 0
+        self._bundles: dict[int, PolicyBundle] = {}
+        self._measured: dict[tuple[int, str], list[float]] = defaultdict(list)
+        self._scores: dict[int, float] = {}
+        self.lineage: list[dict[str, Any]] = []
+        self._load_lineage()
+
+    # --- lineage -------------------------------------------------------------------------------------
+    def _lineage_file(self) -> Path:
+        return self.versions_dir / "lineage.json"
+
+    def _load_lineage(self) -> None:
+        served = self.store.get(self.name)
+        self._bundles[served.version] = served.bundle
+        path = self._lineage_file()
+        if path.exists():
+            self.lineage = json.loads(path.read_text())["versions"]
+            live = [e for e in self.lineage if e["status"] == "promoted"]
+            if live:  # a restarted service serves the newest promoted version that stands
+                latest = live[-1]
+                bundle = load_bundle(latest["path"])
+                self._bundles[latest["version"]] = bundle
+                self.store.swap(self.name, bundle, latest["version"])
+                self._scores[latest["version"]] = latest["validation_tta_s"]
+        else:
+            self.lineage = [
+                {
+                    "version": served.version,
+                    "parent": None,
+                    "path": str(served.bundle.path),
+                    "status": "promoted",
+                    "note": "the pretrained bundle the service started from",
+                    "t": time.time(),
+                }
+            ]
+            self._write_lineage()
+
+    def _write_lineage(self) -> None:
+        atomic_write_text(self._lineage_file(), json.dumps({"versions": self.lineage}, indent=1) + "\n")
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        rec = {"kind": kind, "bundle": self.name, "t": time.time(), **fields}
+        if self.translog is not None:
+            self.translog.append(rec)
+        log.info("learner %s: %s", kind, fields)
+
+    def _entry(self, version: int) -> dict[str, Any]:
+        return next(e for e in self.lineage if e["version"] == version)
+
+    # --- experience ---------------------------------------------------------------------------------
+    def observe(self, record: dict[str, Any]) -> None:
+        """A logged decision: completes the previous decision of the same job with its reward."""
+        if record.get("bundle") != self.name:
+            return
+        key = str(record["session"])
+        value = np.asarray(record["value"], dtype=np.float64)
+        with self._lock:
+            prev = self._pending.pop(key, None)
+            if prev is not None and record["reward"] is not None:
+                self._add(key, prev, float(record["reward"]), bool(record["done"]), value)
+            if not record["done"]:
+                self._pending[key] = _Pending(
+                    np.asarray(record["obs"], dtype=np.float32),
+                    np.asarray(record["action"], dtype=np.int64),
+                    value,
+                    np.asarray(record["log_prob"], dtype=np.float64),
+                    int(record["version"]),
+                )
+
+    def _add(self, key: str, prev: _Pending, reward: float, done: bool, next_value: np.ndarray) -> None:
+        for i in range(len(prev.action)):
+            self._buffer.append(
+                (
+                    key,
+                    i,
+                    prev.obs[i],
+                    int(prev.action[i]),
+                    float(prev.value[i]),
+                    float(prev.log_prob[i]),
+                    reward,
+                    done,
+                    float(next_value[i]) if i < len(next_value) else 0.0,
+                    prev.version,
+                )
+            )
+            self._new += 1
+
+    def add_transitions(self, transitions: Sequence[tuple]) -> None:
+        """Feed transitions directly (session, worker, obs, action, value, log_prob, reward, done,
+        next_value, version): replays of a log, and the poisoning test."""
+        with self._lock:
+            for t in transitions:
+                self._buffer.append(tuple(t))
+                self._new += 1
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # --- measurement and rollback --------------------------------------------------------------------
+    def job_end(self, record: dict[str, Any]) -> None:
+        """A job ended: its time to accuracy measures the version that served it."""
+        if record.get("bundle") != self.name or not record.get("pure") or record.get("tta_s") is None:
+            return
+        version, task = int(record["version"]), str(record.get("task", ""))
+        with self._lock:
+            self._measured[(version, task)].append(float(record["tta_s"]))
+        self._check_rollback()
+
+    def ratios(self, version: int) -> list[float]:
+        """Measured TTA of ``version``'s jobs / its parent's mean on the same task."""
+        entry = self._entry(version)
+        parent = entry.get("parent")
+        if parent is None:
+            return []
+        out = []
+        for (v, task), ttas in list(self._measured.items()):
+            ref = self._measured.get((parent, task))
+            if v == version and ref:
+                mean_ref = float(np.mean(ref))
+                out += [t / mean_ref for t in ttas]
+        return out
+
+    def _check_rollback(self) -> None:
+        served = self.store.get(self.name)
+        entry = self._entry(served.version)
+        if entry.get("parent") is None:
+            return
+        ratios = self.ratios(served.version)
+        if len(ratios) < self.config.rollback_window:
+            return
+        mean = float(np.mean(ratios[-self.config.rollback_window :]))
+        entry["measured_tta_ratio"] = mean
+        if mean <= 1.0 + self.config.rollback_tolerance:
+            self._write_lineage()
+            return
+        parent = int(entry["parent"])
+        self.store.swap(self.name, self._bundles[parent], parent)
+        entry["status"] = "rolled_back"
+        entry["rolled_back_t"] = time.time()
+        self._write_lineage()
+        with self._lock:
+            self._buffer = deque(
+                (t for t in self._buffer if t[9] != served.version), maxlen=self.config.window
+            )
+            self._new = 0
+        self._event("rollback", version=served.version, parent=parent, measured_tta_ratio=mean)
+
+    # --- updates -----------------------------------------------------------------------------------------
+    def score(self, version: int) -> float:
+        """Mean validation TTA of ``version`` (cached)."""
+        if version not in self._scores:
+            scores = self.validate(self._bundles[version])
+            self._scores[version] = float(np.mean(list(scores.values())))
+        return self._scores[version]
+
+    def ready(self) -> bool:
+        return self._new >= self.config.update_every
+
+    def step(self, force: bool = False) -> dict[str, Any] | None:
+        """One update if enough new experience arrived (or ``force``); the lineage entry or None."""
+        if not (force or self.ready()) or not self._buffer:
+            return None
+        with self._lock:
+            data = list(self._buffer)
+            self._new = 0
+        parent = self.store.get(self.name)
+        parent_score = self.score(parent.version)
+        model, stats = self.update(parent.bundle, data)
+        version = max(e["version"] for e in self.lineage) + 1
+        candidate = PolicyBundle(parent.bundle.path, parent.bundle.meta, model, parent.bundle.obs_norm)
+        scores = self.validate(candidate)
+        cand_score = float(np.mean(list(scores.values())))
+        entry = {
+            "version": version,
+            "parent": parent.version,
+            "transitions": len(data),
+            "jobs": len({t[0] for t in data}),
+            "learning_rate": self.config.learning_rate,
+            "update": stats,
+            "validation_tta_s": cand_score,
+            "validation_by_task": scores,
+            "parent_validation_tta_s": parent_score,
+            "t": time.time(),
+        }
+        if cand_score < parent_score * (1.0 - self.config.min_gain):
+            path = self.versions_dir / f"v{version:03d}"
+            meta = replace(
+                parent.bundle.meta,
+                metadata={**parent.bundle.meta.metadata, "lineage": {k: v for k, v in entry.items()}},
+            )
+            save_bundle(path, model, BundleMeta(**meta.__dict__), parent.bundle.obs_norm)
+            bundle = load_bundle(path)
+            self._bundles[version] = bundle
+            self._scores[version] = cand_score
+            entry.update(status="promoted", path=str(path))
+            self.lineage.append(entry)
+            self._write_lineage()
+            self.store.swap(self.name, bundle, version)
+            self._event("promote", **{k: entry[k] for k in ("version", "parent", "validation_tta_s")})
+        else:
+            entry.update(status="rejected")
+            self.lineage.append(entry)
+            self._write_lineage()
+            self._event("reject", version=version, parent=parent.version, validation_tta_s=cand_score)
+        return entry
+
+    def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
+        """A copy of ``parent``'s model after one PPO update on ``data``."""
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.buffers import RolloutBuffer
+        from stable_baselines3.common.logger import configure
+
+        model = PPO.load(parent.path / "model.zip", device="cpu")
+        model.policy.load_state_dict(parent.model.policy.state_dict())  # the serving weights
+        cfg = self.config
+        obs, actions, values, logp, adv, returns = self._gae(
+            data, float(model.gamma), float(model.gae_lambda)
+        )
+        n = len(actions)
+        buf = RolloutBuffer(
+            n, model.observation_space, model.action_space, device="cpu", gamma=model.gamma, n_envs=1
+        )
+        buf.observations[:] = obs[:, None, :]
+        buf.actions[:] = actions.reshape(n, 1, 1)
+        buf.values[:] = values[:, None]
+        buf.log_probs[:] = logp[:, None]
+        buf.advantages[:] = adv[:, None]
+        buf.returns[:] = returns[:, None]
+        buf.pos, buf.full = n, True
+        lr = float(cfg.learning_rate)
+        model.rollout_buffer = buf
+        model.learning_rate = lr
+        model.lr_schedule = lambda _progress: lr
+        model.clip_range = lambda _progress: float(cfg.clip_range)
+        model.n_epochs, model.batch_size, model.ent_coef = (
+            int(cfg.n_epochs),
+            int(cfg.batch_size),
+            float(cfg.ent_coef),
+        )
+        model.set_logger(configure(None, [""]))
+        model.set_random_seed(int(self.rng.integers(2**31)))
+        model.train()
+        values_out = model.logger.name_to_value
+        stats = {k.split("/")[-1]: float(v) for k, v in values_out.items() if k.startswith("train/")}
+        stats["samples"] = n
+        return model, stats
+
+    @staticmethod
+    def _gae(data: list[tuple], gamma: float, lam: float):
+        """Advantages and returns per (job, worker) trajectory, in the buffer's order."""
+        n = len(data)
+        obs = np.stack([t[2] for t in data]).astype(np.float32)
+        actions = np.array([t[3] for t in data], dtype=np.int64)
+        values = np.array([t[4] for t in data], dtype=np.float64)
+        logp = np.array([t[5] for t in data], dtype=np.float64)
+        rewards = np.array([t[6] for t in data], dtype=np.float64)
+        done = np.array([t[7] for t in data], dtype=bool)
+        next_v = np.array([t[8] for t in data], dtype=np.float64)
+        adv = np.zeros(n)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, t in enumerate(data):
+            groups[(t[0], t[1])].append(i)
+        # The critic learnt VecNormalize's scaled returns, a scale the bundle does not keep: put the
+        # rewards on the critic's scale by matching the spread of discounted returns to the values'.
+        mc = np.zeros(n)
+        for idx in groups.values():
+            acc = 0.0
+            for j in reversed(idx):
+                acc = rewards[j] + gamma * (0.0 if done[j] else acc)
+                mc[j] = acc
+        spread = float(mc.std())
+        rewards = rewards * (float(values.std()) / spread if spread > 1e-9 else 1.0)
+        for idx in groups.values():
+            last = 0.0
+            for j in reversed(idx):
+                nonterminal = 0.0 if done[j] else 1.0
+                delta = rewards[j] + gamma * next_v[j] * nonterminal - values[j]
+                last = delta + gamma * lam * nonterminal * last
+                adv[j] = last
+        return obs, actions, values, logp, adv, adv + values
+
+    # --- background ----------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, poll_s: float = 1.0) -> None:
+        """Update whenever enough experience arrived, until ``stop`` is set (a service thread)."""
+        while not stop.is_set():
+            if self.ready():
+                try:
+                    self.step()
+                except Exception:  # a failed update must not take the service down
+                    log.exception("online update failed; the serving version is unchanged")
+            stop.wait(poll_s)

@@ -1,0 +1,148 @@
+"""The arbitrator on localhost: two real jobs, the fallback when it is down, restarts, tokens."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+from conftest import TOKEN, Running, run_in_threads
+
+from dynamix_gym.bundle import PPOController
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.service import arbitrator_pb2 as pb
+from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
+from dynamix_gym.service.client import ArbitratorClient, RemoteController
+from dynamix_gym.service.messages import spec_to_proto
+from dynamix_gym.service.translog import read_log
+
+JOBS = [
+    {"workers": 4, "scenario": "throttle", "seed": 100},
+    {"workers": 6, "scenario": "static_hetero", "workload": "ncf", "seed": 101},
+]
+
+
+def _env(job, mode):
+    kw = {k: v for k, v in job.items() if k != "seed"}
+    return HeteroClusterEnv(**kw, action_mode=mode)
+
+
+def test_two_jobs_against_the_service_decide_as_the_policy_in_process(running, bundle):
+    def remote(i, job):
+        ctl = RemoteController(running.address, token=TOKEN, job_id=f"job{i}", timeout_s=5.0)
+        env = _env(job, "absolute")
+        summary = run_episode(env, ctl, job["seed"]).summary
+        ctl.close(final_report=env.unwrapped.last_report)
+        return summary, dict(ctl.client.counts)
+
+    results = run_in_threads([lambda i=i, j=j: remote(i, j) for i, j in enumerate(JOBS)])
+    for job, (summary, counts) in zip(JOBS, results, strict=True):
+        local = run_episode(_env(job, "delta"), PPOController(bundle=bundle), job["seed"]).summary
+        assert summary["reached_target"]
+        assert summary["time_to_accuracy_s"] == local["time_to_accuracy_s"]  # the very same decisions
+        assert counts["decisions"] == summary["decisions"] and counts["fallbacks"] == 0
+    records = list(read_log(running.log_path))
+    for i, (summary, _) in enumerate(results):
+        seqs = [r["seq"] for r in records if r["kind"] == "decision" and r["job"] == f"job{i}"]
+        assert seqs == list(range(summary["decisions"]))  # none dropped, none duplicated
+        ends = [r for r in records if r["kind"] == "end" and r["job"] == f"job{i}"]
+        assert len(ends) == 1 and ends[0]["reached"]
+    assert running.service.stats["decisions"] == sum(s["decisions"] for s, _ in results)
+
+
+def test_training_goes_on_at_its_batches_when_the_service_is_down():
+    job = JOBS[0]
+    env = _env(job, "absolute")
+    # Nothing listens on this port (bound by nobody: taken from a closed listener).
+    ctl = RemoteController("127.0.0.1:9", token=TOKEN, job_id="lonely", timeout_s=0.2, backoff_s=0.05)
+    t0 = time.perf_counter()
+    result = run_episode(env, ctl, job["seed"], max_steps=40)
+    elapsed = time.perf_counter() - t0
+    counts = ctl.client.counts
+    assert counts["decisions"] == 0 and counts["fallbacks"] == result.summary["decisions"] == 40
+    batches = {tuple(row["local_batches"]) for row in result.timeline if "local_batches" in row}
+    assert len(batches) <= 1  # the initial batches throughout
+    assert result.summary["batch_changes"] == 0
+    assert elapsed < 40 * 0.2 + 5.0  # every call bounded by its deadline; back-off skips most calls
+    attempts = sum(v for k, v in counts.items() if k.startswith("error_"))
+    assert attempts < 40
+    ctl.close()
+
+
+def test_restart_mid_run_reconnects_and_keeps_the_log(bundle, tmp_path):
+    log_path = tmp_path / "transitions.jsonl"
+    running = Running(bundle, log_path)
+    job = JOBS[0]
+    env = _env(job, "absolute")
+    client = ArbitratorClient(running.address, token=TOKEN, job_id="survivor", timeout_s=1.0, backoff_s=0.05)
+    _, info = env.reset(seed=job["seed"])
+    client.register(env.backend.spec, env.interval)
+    got = []
+    for step in range(30):
+        if step == 10:
+            running.stop()  # the service goes away ...
+        if step == 15:
+            running.start()  # ... and comes back on the same port, appending to the same log
+        if step >= 15:
+            time.sleep(0.02)  # let the channel reconnect (its back-off is short)
+        new = client.decide(info["report"], env.unwrapped.batches)
+        got.append(new is not None)
+        action = env.unwrapped.batches if new is None else new
+        _obs, _, term, trunc, info = env.step(action.astype(np.float32))
+        assert not (term or trunc)
+    running.stop()
+    assert all(got[:10]) and not any(got[10:15]) and sum(got[15:]) >= 10
+    assert client.counts["registers"] >= 2  # registered again with the restarted service
+    seqs = [r["seq"] for r in read_log(log_path) if r["kind"] == "decision"]
+    assert seqs == sorted(set(seqs))  # append-only, one decision per seq across the restart
+    assert len(seqs) == client.counts["decisions"] + client.counts["replayed"]
+
+
+def test_a_retried_seq_gets_the_same_decision_not_a_new_one(running):
+    env = _env(JOBS[0], "absolute")
+    _obs, info = env.reset(seed=1)
+    client = ArbitratorClient(running.address, token=TOKEN, job_id="retry", timeout_s=2.0)
+    client.register(env.backend.spec, env.interval)
+    first = client.decide(info["report"], env.unwrapped.batches)
+    client.seq -= 1  # as if the answer had been lost: the job resends the same seq
+    again = client.decide(info["report"], env.unwrapped.batches)
+    np.testing.assert_array_equal(first, again)
+    assert client.counts == {**client.counts, "decisions": 1, "replayed": 1}
+    assert running.service.stats["decisions"] == 1
+    client.seq += 5  # a gap is refused, not silently accepted
+    assert client.decide(info["report"], env.unwrapped.batches) is None
+    assert client.last_error.startswith("FAILED_PRECONDITION: seq: expected 1")
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-0123456789", TOKEN + "x", ""])
+def test_calls_without_the_right_token_are_refused(running, token):
+    env = _env(JOBS[0], "absolute")
+    channel = grpc.insecure_channel(running.address)
+    stub = pb_grpc.ArbitratorStub(channel)
+    req = pb.RegisterRequest(
+        job_id="x", schema_version="1", spec=spec_to_proto(env.backend.spec), interval=50
+    )
+    md = None if token is None else (("authorization", f"Bearer {token}"),)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Register(req, timeout=2.0, metadata=md)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert running.service.sessions() == 0
+    ok = stub.Register(req, timeout=2.0, metadata=(("authorization", f"Bearer {TOKEN}"),))
+    assert ok.session_id and running.service.sessions() == 1
+    channel.close()
+
+
+def test_schema_mismatch_is_refused_with_a_clear_error(running):
+    env = _env(JOBS[0], "absolute")
+    channel = grpc.insecure_channel(running.address)
+    stub = pb_grpc.ArbitratorStub(channel)
+    req = pb.RegisterRequest(
+        job_id="x", schema_version="0", spec=spec_to_proto(env.backend.spec), interval=50
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Register(req, timeout=2.0, metadata=(("authorization", f"Bearer {TOKEN}"),))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "schema_version: the service encodes observation schema '1'" in e.value.details()
+    channel.close()

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from sim.cluster import homogeneous_cluster
 from sim.engine import Simulator
+from sim.hardware import compute_table
 from sim.workloads import DEFAULT_MIN_LOCAL_BATCH, WORKLOADS, get_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,3 +58,13 @@ def test_evaluate_app_runs_workload_bert_with_its_defaults(tmp_path):
     assert summary["metric"].tolist() == ["f1"] and summary["target_metric"].tolist() == [88.0]
     assert summary["target_accuracy"].tolist() == [0.88]
     assert summary["final_metric"].iloc[0] == pytest.approx(100.0 * summary["final_accuracy"].iloc[0])
+
+
+def test_every_fitted_application_has_a_preset_that_runs_with_the_defaults():
+    apps = {app for (_, app) in compute_table()}
+    assert apps <= {w.app for w in WORKLOADS.values()}
+    for wl in WORKLOADS.values():
+        sim = Simulator("t4v100", wl, seed=0)
+        assert np.all(sim.min_batch <= sim.max_batch), wl.name
+        sim.reset()
+        sim.run_interval(sim.min_batch, 2)

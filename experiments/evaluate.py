@@ -97,12 +97,13 @@ def evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         env.close()
     summary, tta = record_run(out, result, controller, specs, spec, interval)
     log.info(
-        "%s on %s, seed %s: %s (final accuracy %.4f after %.1f min, %d decisions)",
+        "%s on %s, seed %s: %s (final %s %.4f after %.1f min, %d decisions)",
         summary["controller"],
         summary["scenario"],
         summary["seed"],
         f"target reached in {tta / 60:.1f} min" if math.isfinite(tta) else "target not reached",
-        summary["final_accuracy"],
+        summary["metric"],
+        summary["final_metric"],
         summary["total_time_s"] / 60,
         summary["decisions"],
     )

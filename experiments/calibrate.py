@@ -501,8 +501,8 @@ def calibrate_real(cfg: DictConfig, out: Path) -> dict[str, Any]:
             acc_chance=1.0 / workload.num_classes,
             memory_fraction=float(cfg.curves.memory_fraction),
             bins=int(cfg.curves.bins),
-            targets=[workload.target_accuracy],
-            refit_targets=refit_targets(cfg, workload.target_accuracy),
+            targets=[workload.target_quality],
+            refit_targets=refit_targets(cfg, workload.target_quality),
         )
         conv_params = [cf.params]
         conv_report = {

@@ -1043,7 +1043,7 @@ def fidelity(cfg: DictConfig) -> float:
             "interval": interval,
             "initial_batch": int(cfg.initial_batch),
             "time_budget_s": float(cfg.time_budget_s),
-            "target_accuracy": profile.workload.target_accuracy,
+            "target_accuracy": profile.workload.target_quality,
             "real_seeds": list(cfg.real_seeds),
             "sim_seeds": list(cfg.sim_seeds),
         },
@@ -1068,9 +1068,7 @@ def fidelity(cfg: DictConfig) -> float:
 
     out.mkdir(parents=True, exist_ok=True)
     plot_iteration_times(out / "iteration_time.png", holdout, table, speed, intervals, mdape_by_type)
-    plot_accuracy(
-        out / "accuracy_curves.png", timelines, labels, profile.workload.target_accuracy, sim_show=3
-    )
+    plot_accuracy(out / "accuracy_curves.png", timelines, labels, profile.workload.target_quality, sim_show=3)
     plot_tta(out / "tta.png", table_tta, runs_df, labels, rank)
     atomic_write_text(out / "summary.json", dump_json(s))
     atomic_write_text(out / "tta_table.csv", table_tta.to_csv(index=False))

@@ -14,9 +14,10 @@ two-batch estimates, and
     E(M)         = (B_noise + M0) / (B_noise + M),  M = b * GPUs held
     price_eff(k) = price_k + [spot] preemptions/h * restart_s / 3600 * cost rate now
 
-Every ``cooldown`` intervals it requests one GPU of the offer with the best marginal goodput per
-dollar if that beats ``threshold`` ((progress/s) per ($/h)), else releases one GPU of the offer
-whose marginal goodput per dollar falls below ``shrink * threshold``.
+At most every ``cooldown`` intervals it plans one change (one restart) of up to ``max_changes``
+GPUs, one at a time: release one GPU of the offer whose marginal goodput per dollar falls below
+``shrink * threshold``, else request one of the offer whose marginal goodput per dollar beats
+``threshold`` ((progress/s) per ($/h)), until neither holds (at most 2 per offer).
 
 ``oracle_pool``: the greedy oracle extended with the pool. From the simulator's ground truth
 (``info["elastic_truth"]``) it scores holding the current set and every single-offer change of
@@ -143,8 +144,14 @@ class GoodputPerDollar(ElasticController):
     name = "goodput_per_dollar"
 
     def __init__(
-        self, threshold: float = 2.0, shrink: float = 0.5, cooldown: int = 3, rate_smoothing: float = 0.3
-    ):
+        self,
+        threshold: float = 2.0,
+        shrink: float = 0.5,
+        cooldown: int = 3,
+        rate_smoothing: float = 0.3,
+        max_changes: int = 4,
+    ) -> None:
+        self.max_changes = check_int("goodput_per_dollar.max_changes", max_changes, 1, 64)
         self.threshold = check_range("goodput_per_dollar.threshold", threshold, 0.0, 1e9)
         self.shrink = check_range("goodput_per_dollar.shrink", shrink, 0.0, 1.0)
         self.cooldown = check_int("goodput_per_dollar.cooldown", cooldown, 0, 10_000)
@@ -197,30 +204,32 @@ class GoodputPerDollar(ElasticController):
         self.since_change += 1
         if self.since_change <= self.cooldown:
             return out
-        rate_now = float(np.dot(held, spec.price_usd_per_gpu_hour))
-        risk = spec.preemptions_per_hour * spec.restart_s / 3600.0 * rate_now
-        price = spec.price_usd_per_gpu_hour + np.where(spec.spot, risk, 0.0)
-        g0 = self.goodput(held)
-        grow = np.full(o, -math.inf)
-        for k in range(o):
-            if free[k] > 0:
-                c = held.copy()
-                c[k] += 1
-                g = self.goodput(c)
-                grow[k] = (g - g0) / max(price[k], 1e-9) if math.isfinite(g) else -math.inf
-        k_best = int(np.argmax(grow))
-        if grow[k_best] > self.threshold:
-            out[k_best] = 1
-        else:
+        counts = held.copy()
+        for _ in range(self.max_changes):
+            rate_now = float(np.dot(counts, spec.price_usd_per_gpu_hour))
+            risk = spec.preemptions_per_hour * spec.restart_s / 3600.0 * rate_now
+            price = spec.price_usd_per_gpu_hour + np.where(spec.spot, risk, 0.0)
+            g0 = self.goodput(counts)
+            grow = np.full(o, -math.inf)
             keep = np.full(o, math.inf)
             for k in range(o):
-                if held[k] > 0 and held.sum() > 1:
-                    c = held.copy()
+                if counts[k] - held[k] < min(free[k], 2):
+                    c = counts.copy()
+                    c[k] += 1
+                    g = self.goodput(c)
+                    grow[k] = (g - g0) / max(price[k], 1e-9) if math.isfinite(g) else -math.inf
+                if counts[k] > 0 and counts.sum() > 1 and held[k] - counts[k] < 2:
+                    c = counts.copy()
                     c[k] -= 1
                     keep[k] = (g0 - self.goodput(c)) / max(price[k], 1e-9)
-            k_worst = int(np.argmin(keep))
+            k_best, k_worst = int(np.argmax(grow)), int(np.argmin(keep))
             if keep[k_worst] < self.shrink * self.threshold:
-                out[k_worst] = -1
+                counts[k_worst] -= 1
+            elif grow[k_best] > self.threshold:
+                counts[k_best] += 1
+            else:
+                break
+        out = counts - held
         if out.any():
             self.since_change = 0
         return out

@@ -506,12 +506,22 @@ class DynamixController:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches = np.asarray(state["batches"], dtype=np.int64)
+        """Restore a checkpoint, also one written at another world size (a ``torchrun --nnodes=1:N``
+        elastic restart): the global batch is then kept and split evenly over the new ranks, and
+        the policy's per-worker history, which belongs to the old ranks, starts afresh."""
+        batches = np.asarray(state["batches"], dtype=np.int64)
+        resized = batches.shape != (self.world,)
+        if resized:
+            base, extra = divmod(int(batches.sum()), self.world)
+            even = np.array([base + (1 if r < extra else 0) for r in range(self.world)], dtype=np.int64)
+            batches = np.clip(even, self.spec.min_batch, self.spec.max_batch)
+        self.batches = batches
         self._set_lr(float(state["lr"]))
         self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
         self.decisions = int(state["decisions"])
-        if self.rank == 0 and "policy" in state:
-            self.policy = state["policy"]
-            self.env.encoder = state["encoder"]
+        if self.rank == 0:
+            if "policy" in state and not resized:
+                self.policy = state["policy"]
+                self.env.encoder = state["encoder"]
             self.env.batches = self.batches.copy()
         self._new_interval()

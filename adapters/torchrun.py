@@ -138,6 +138,11 @@ class DynamixController:
             ``optimizer.step()`` (AMP's ``GradScaler`` after an overflow): that all-reduce would
             be skipped on some ranks.
         policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
+        arbitrator: ``host:port`` of an arbitrator service (``python -m experiments.serve``) to ask
+            instead of an in-process policy; when it is slow or down the job keeps its batches
+            (:class:`dynamix_gym.service.client.RemoteController`). ``token`` (else ``token_file``,
+            else ``$DYNAMIX_ARBITRATOR_TOKEN``) authenticates; ``arbitrator_kwargs`` go to the client
+            (job_id, timeout_s, backoff_s, ca_file, task, bundle).
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
@@ -157,8 +162,12 @@ class DynamixController:
         self,
         ddp_model: torch.nn.parallel.DistributedDataParallel,
         optimizer: torch.optim.Optimizer,
-        policy: Controller | str | Path,
+        policy: Controller | str | Path | None = None,
         *,
+        arbitrator: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        arbitrator_kwargs: dict[str, Any] | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         interval: int = 50,
         base_batch: int = 32,
@@ -233,7 +242,18 @@ class DynamixController:
         self.policy: Controller | None = None
         self.env: HeteroClusterEnv | None = None
         if self.rank == 0:
-            self.policy = resolve_policy(policy, **(policy_kwargs or {}))
+            if arbitrator:
+                from dynamix_gym.service.client import RemoteController
+
+                kw = {"job_id": f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"}
+                kw.update(arbitrator_kwargs or {})
+                self.policy = RemoteController(
+                    arbitrator, interval=self.interval, token=token, token_file=token_file, **kw
+                )
+            elif policy is None:
+                raise ValueError("DynamixController needs policy=<controller, name or bundle> or arbitrator=")
+            else:
+                self.policy = resolve_policy(policy, **(policy_kwargs or {}))
             self.env = HeteroClusterEnv(
                 backend=_SpecOnly(self.spec), interval=self.interval, action_mode=self.policy.action_mode
             )

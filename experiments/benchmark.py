@@ -397,6 +397,12 @@ def rebuild_index(root: Path) -> None:
             f"{_f(s['geomean_ratio_to_best_static'])} | {s['reached_share']:.0%} | "
             f"{s['worst_task']} ({_f(s['worst_task_ratio'])}) | {len(s['limit_beaten'])} |"
         )
+    lines += [
+        "",
+        "Regenerate (the limit first, then the static grid; every other label is scored against both):",
+        "",
+    ]
+    lines += [f"    {s['command']}" for s in summaries if s.get("command")]
     atomic_write_text(root / "README.md", "\n".join(lines) + "\n")
     for split in sorted({s["split"] for s in summaries}):
         ratio_plot([s for s in summaries if s["split"] == split], root / f"{split}_ratios.png")

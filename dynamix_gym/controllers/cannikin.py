@@ -86,9 +86,11 @@ class CannikinController(BaseController):
 
     Rules, every interval, over the live workers:
 
-    * Per-node compute model: :class:`LinearTimeModel`, T_i(b) = alpha_i + beta_i b, refitted to
-      the worker's last ``memory`` measured (local batch, compute time) pairs (AdaptDL's linear
-      ``T_compute``, one per node as in Cannikin).
+    * Per-node compute model: :class:`LinearTimeModel`, T_i(b) = max(h_i, alpha_i + beta_i b),
+      refitted to the worker's last ``memory`` measured (local batch, compute time) pairs:
+      AdaptDL's linear ``T_compute``, one per node as in Cannikin, plus a floor h_i (the fastest
+      interval seen). The floor is ours: without it, a host-bound worker (flat time over its
+      batches) gets a near-zero slope and is predicted to take any batch for free.
     * Communication: T_sync = the measured step time minus the slowest worker's compute time,
       the median over the last ``memory`` intervals at the same number of live workers (the
       all-reduce left over after overlap with backward; assumed independent of the batch).
@@ -120,6 +122,10 @@ class CannikinController(BaseController):
         grid_points: global batches searched, >= 2.
         memory: measurements per worker in its compute model (and intervals in T_sync), >= 2.
         tolerance: smallest relative batch change worth a reconfiguration, in [0, 1).
+
+    ``memory`` and ``tolerance`` were tuned on seeds 100-104 of CIFAR-10 and NCF; the rest are
+    AdaptDL's values (results/baselines/TUNING.md, which also says where Cannikin trails the best
+    static batch: on NCF, whose host-bound workers' times are concave in the batch).
     """
 
     name: ClassVar[str] = "cannikin"

@@ -402,7 +402,9 @@ def rebuild_index(root: Path) -> None:
         "Regenerate (the limit first, then the static grid; every other label is scored against both):",
         "",
     ]
-    lines += [f"    {s['command']}" for s in summaries if s.get("command")]
+    rank = {LIMIT_LABEL: 0, STATIC_LABEL: 1}
+    ordered = sorted(summaries, key=lambda s: (rank.get(s["label"], 2), s["label"], s["split"]))
+    lines += [f"    {s['command']}" for s in ordered if s.get("command")]
     atomic_write_text(root / "README.md", "\n".join(lines) + "\n")
     for split in sorted({s["split"] for s in summaries}):
         ratio_plot([s for s in summaries if s["split"] == split], root / f"{split}_ratios.png")

@@ -203,7 +203,7 @@ def test_make_controller_names_the_known_controllers():
     assert isinstance(make_controller("static", batch=64), CONTROLLERS["static"])
 
 
-@pytest.mark.parametrize("name", ["rex", "random", "pollux"])
+@pytest.mark.parametrize("name", ["rex", "random", "pollux", "cannikin"])
 def test_same_seed_same_decisions(name):
     env = make_env("throttle")
     runs = [run_episode(env, make_controller(name), seed, max_steps=25) for seed in (5, 5, 6)]

@@ -2,6 +2,7 @@
 
     python -m experiments.deploy controller=dlb
     python -m experiments.deploy policy=pollux backend.workers=3 backend.emulate=null
+    DYNAMIX_ARBITRATOR_TOKEN=... python -m experiments.deploy arbitrator=127.0.0.1:50051
 
 The env is ``dynamix/RealDDP-v0`` built from ``conf/backend/real.yaml`` with the same specs and
 episode runner (:func:`dynamix_gym.evaluation.run_episode`) as ``experiments.evaluate``, so the
@@ -59,6 +60,12 @@ class ResumableController:
 
 
 def make_controller(cfg: DictConfig) -> Any:
+    if cfg.get("arbitrator"):  # the arbitrator service decides (token: $DYNAMIX_ARBITRATOR_TOKEN or a file)
+        from dynamix_gym.service.client import RemoteController
+
+        return RemoteController(
+            str(cfg.arbitrator), interval=int(cfg.env.interval), **(plain(cfg.get("arbitrator_kwargs")) or {})
+        )
     if cfg.get("policy"):
         return resolve_policy(str(cfg.policy), **(plain(cfg.get("policy_kwargs")) or {}))
     if cfg.get("controller") is None:
@@ -85,6 +92,8 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         interval = int(env.unwrapped.interval)
         offset = backend.resumed_interval or 0
     finally:
+        if hasattr(controller, "client"):  # an arbitrator: tell it how the job ended
+            controller.close(final_report=getattr(env.unwrapped, "last_report", None))
         env.close()
     summary, tta = record_run(out, result, wrapped.inner, specs, spec, interval, step_offset=offset)
     log.info(

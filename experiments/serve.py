@@ -153,7 +153,7 @@ def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
         service.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    stats = dict(service.stats)
+    stats = service.summary()
     log.info("arbitrator stopped: %s", stats)
     atomic_write_text(out / "stats.json", json.dumps(stats, indent=1) + "\n")
     return stats

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,6 +225,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.stats: Counter = Counter()
+        #: seconds each decision took inside the service (newest 100,000: bounded memory)
+        self.decide_s: deque[float] = deque(maxlen=100_000)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _refuse(self, context, code: grpc.StatusCode, message: str):
@@ -346,7 +348,10 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             except FieldError as e:
                 return self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             try:
-                return self._decide(session, request.seq, report, current)
+                t0 = time.perf_counter()
+                out = self._decide(session, request.seq, report, current)
+                self.decide_s.append(time.perf_counter() - t0)
+                return out
             except Exception:  # a defect must cost one call, never the service
                 log.exception("decision for job %s seq %d failed", session.job_id, request.seq)
                 return self._refuse(context, grpc.StatusCode.INTERNAL, "internal error; see the service log")
@@ -465,6 +470,15 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         if self.learner is not None:
             self.learner.observe(record)
         self._end(session, report.wall_time_s, reached)
+
+    def summary(self) -> dict[str, Any]:
+        """Counters, and the in-service decision time's percentiles (ms)."""
+        out: dict[str, Any] = dict(self.stats)
+        if self.decide_s:
+            ms = np.array(self.decide_s) * 1e3
+            out["decide_ms"] = {q: float(np.percentile(ms, int(q[1:]))) for q in ("p50", "p99")}
+            out["decide_ms"]["max"] = float(ms.max())
+        return out
 
     def close(self) -> None:
         self.log.close()

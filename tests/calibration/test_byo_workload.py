@@ -90,6 +90,28 @@ def test_a_short_episode_reaches_the_falling_target(byo):
     env.close()
 
 
+def test_reward_and_observation_see_a_falling_wer_as_rising_quality(byo):
+    _, out = byo
+    env = HeteroClusterEnv(profile=out, action_mode="absolute", interval=50, reward="dynamix")
+    spec = env.backend.spec
+    obs, info = env.reset(seed=1)
+    glob = 19 * spec.num_workers  # the global features: val_accuracy, val_loss, accuracy_to_target
+    first = obs[glob : glob + 3].copy()
+    qualities, gains = [info["report"].val_accuracy], []
+    for _ in range(6):
+        obs, _, _, _, info = env.step(np.full(spec.num_workers, 16, np.float32))
+        terms, report = info["reward_terms"], info["report"]
+        assert terms["accuracy"] == report.val_accuracy  # the quality: 1 - WER / 100
+        gains.append(terms["accuracy_gain"])
+        qualities.append(report.val_accuracy)
+    wers = [float(spec.metric.from_quality(q)) for q in qualities]
+    assert wers[-1] < wers[0] - 10.0 and qualities[-1] > qualities[0]  # WER falls, quality rises
+    assert sum(gains) > 0.0  # the gain term rewards the falling WER
+    # Observed quality rises, loss and the distance to the target fall.
+    assert obs[glob] > first[0] and obs[glob + 1] < first[1] and obs[glob + 2] < first[2]
+    env.close()
+
+
 def test_evaluate_tables_show_the_metric_in_its_units(byo, tmp_path):
     _, out = byo
     from experiments.evaluate import record_run

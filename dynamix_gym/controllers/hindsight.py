@@ -310,9 +310,9 @@ class HindsightController(BaseController):
         self.cem_population = int(cem_population)
         self.cem_elites = int(cem_elites)
         self.cem_init_sd = float(cem_init_sd)
-        self.penalties = tuple(float(p) for p in penalties)
-        self.oracle_min_gains = tuple(float(g) for g in oracle_min_gains)
-        self.tolerances = tuple(float(t) for t in tolerances)
+        self.penalties = [float(p) for p in penalties]
+        self.oracle_min_gains = [float(g) for g in oracle_min_gains]
+        self.tolerances = [float(t) for t in tolerances]
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.plan = dict(plan) if plan is not None else None
         self.search_log: dict[str, Any] | None = None

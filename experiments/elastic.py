@@ -1,0 +1,192 @@
+"""Time and dollars to accuracy per controller on an elastic pool, on held-out seeds.
+
+    python -m experiments.elastic                                  # conf/elastic.yaml
+    python -m experiments.elastic seeds=[100,101,102] out_dir=results/elastic_tune
+
+Runs every controller of ``controllers`` (fixed allocations, the goodput-per-dollar rule, the pool
+oracle, learned bundles) and, when ``hindsight.enabled``, the hindsight-best fixed allocation per
+seed (every allocation of ``hindsight.counts`` GPUs per offer, the cheapest that reaches the target
+within ``hindsight.time_factor`` x the fastest fixed allocation's time on that seed). Writes
+``table.csv`` / ``table.md`` (means over seeds), ``episodes.csv`` (one row per controller x seed),
+``timeline.csv`` (worker count and spend per step of ``plot_controllers`` on ``plot_seed``) and
+``workers_spend.png``. Returns the best learned policy's mean dollars to accuracy.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from dynamix_gym.elastic.baselines import FixedAllocation, make_elastic_controller
+from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.elastic.training import load_elastic_bundle
+from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
+from sim.datafiles import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+COLUMNS = (
+    "controller",
+    "kind",
+    "seeds",
+    "reached",
+    "time_to_accuracy_s",
+    "dollars_to_accuracy",
+    "mean_gpus",
+    "restarts",
+    "preemptions",
+)
+
+
+def _controller(spec: dict[str, Any], env_kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(controller, env kwargs) of one entry of ``controllers``."""
+    kind = spec["kind"]
+    kw = {**env_kwargs, **spec.get("env", {})}
+    if kind == "fixed":
+        counts = dict(spec["counts"])
+        return FixedAllocation(counts, label=spec["name"]), {**kw, "initial_allocation": counts}
+    if kind == "learned":
+        algo_form = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}[spec["algo"]]
+        kw = {**kw, "action_form": algo_form}
+        return load_elastic_bundle(to_absolute_path(spec["bundle"]), ElasticClusterEnv(**kw)), kw
+    return make_elastic_controller(kind, **spec.get("params", {})), kw
+
+
+def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in rows]))
+
+    return {
+        "controller": name,
+        "kind": kind,
+        "seeds": len(rows),
+        "reached": sum(r["reached_target"] for r in rows),
+        "time_to_accuracy_s": mean("time_to_accuracy_s"),
+        "dollars_to_accuracy": mean("dollars_to_accuracy"),
+        "mean_gpus": mean("mean_gpus"),
+        "restarts": mean("restarts"),
+        "preemptions": mean("preemptions"),
+    }
+
+
+def _hindsight(cfg: dict[str, Any], env_kwargs: dict[str, Any], seeds: list[int], fastest: dict[int, float]):
+    """Per seed, the cheapest fixed allocation (from the grid) within the time factor."""
+    offers = ElasticClusterEnv(**env_kwargs).offers
+    grid = [c for c in itertools.product(cfg["counts"], repeat=len(offers)) if sum(c) > 0]
+    rows = []
+    for seed in seeds:
+        best = None
+        for c in grid:
+            counts = {o: int(v) for o, v in zip(offers, c, strict=True) if v}
+            env = ElasticClusterEnv(**{**env_kwargs, "initial_allocation": counts})
+            r = run_elastic_episode(env, FixedAllocation(counts), seed)
+            if r["time_to_accuracy_s"] > cfg["time_factor"] * fastest[seed]:
+                continue
+            if best is None or r["dollars_to_accuracy"] < best["dollars_to_accuracy"]:
+                best = {**r, "allocation": counts}
+        if best is not None:
+            rows.append(best)
+            log.info("hindsight seed %d: %s", seed, best["allocation"])
+    return rows
+
+
+def run(cfg: DictConfig) -> float:
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    out = Path(to_absolute_path(raw["out_dir"]))
+    env_kwargs = dict(raw["env"])
+    seeds = [int(s) for s in raw["seeds"]]
+    table, episodes, timelines = [], [], []
+    fastest_fixed: dict[int, float] = {}
+    for spec in raw["controllers"]:
+        name = spec["name"]
+        if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
+            log.warning("skipping %s: no bundle at %s", name, spec["bundle"])
+            continue
+        ctl, kw = _controller(spec, env_kwargs)
+        rows = []
+        for seed in seeds:
+            r = run_elastic_episode(ElasticClusterEnv(**kw), ctl, seed)
+            rows.append(r)
+            episodes.append(
+                {"controller": name, "seed": seed, **{k: v for k, v in r.items() if k != "history"}}
+            )
+            if spec["kind"] == "fixed":
+                fastest_fixed[seed] = min(fastest_fixed.get(seed, math.inf), r["time_to_accuracy_s"])
+            if seed == raw["plot_seed"] and name in raw["plot_controllers"]:
+                timelines += [{"controller": name, **h} for h in r["history"]]
+        table.append(_summary(name, spec["kind"], rows))
+        log.info("%s: %s", name, table[-1])
+    hs = raw.get("hindsight") or {}
+    if hs.get("enabled") and fastest_fixed:
+        rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed)
+        if rows:
+            table.append(_summary("hindsight_fixed", "hindsight", rows))
+    _write(out, table, episodes, timelines)
+    learned = [t["dollars_to_accuracy"] for t in table if t["kind"] == "learned"]
+    return min(learned) if learned else math.nan
+
+
+def _csv(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _write(out: Path, table, episodes, timelines) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "table.csv", _csv(table, COLUMNS))
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for t in table:
+        cells = [f"{t[c]:.3f}" if isinstance(t[c], float) else str(t[c]) for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    if episodes:
+        atomic_write_text(out / "episodes.csv", _csv(episodes, list(episodes[0])))
+    if timelines:
+        cols = sorted({k for t in timelines for k in t}, key=lambda k: (k != "controller", k))
+        atomic_write_text(out / "timeline.csv", _csv(timelines, cols))
+        _plot(out / "workers_spend.png", timelines)
+
+
+def _plot(path: Path, timelines: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for name in dict.fromkeys(t["controller"] for t in timelines):
+        rows = [t for t in timelines if t["controller"] == name]
+        x = [r["wall_time_s"] / 60 for r in rows]
+        ax1.step(x, [r["gpus"] for r in rows], where="post", label=name)
+        ax2.plot(x, [r["spend_usd"] for r in rows], label=name)
+    ax1.set_ylabel("GPUs held")
+    ax2.set_ylabel("spend ($)")
+    ax2.set_xlabel("wall time (min)")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="elastic")
+def main(cfg: DictConfig) -> float:
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -142,7 +142,8 @@ class OnlineLearner:
                 bundle = load_bundle(latest["path"])
                 self._bundles[latest["version"]] = bundle
                 self.store.swap(self.name, bundle, latest["version"])
-                self._scores[latest["version"]] = latest["validation_tta_s"]
+                if latest.get("validation_tta_s") is not None:
+                    self._scores[latest["version"]] = latest["validation_tta_s"]
         else:
             self.lineage = [
                 {
@@ -278,20 +279,24 @@ class OnlineLearner:
     def ready(self) -> bool:
         return self._new >= self.config.update_every
 
-    def step(self, force: bool = False) -> dict[str, Any] | None:
-        """One update if enough new experience arrived (or ``force``); the lineage entry or None."""
+    def step(self, force: bool = False, skip_validation: bool = False) -> dict[str, Any] | None:
+        """One update if enough new experience arrived (or ``force``); the lineage entry or None.
+
+        ``skip_validation`` promotes the candidate without validating it (an operator's manual
+        promotion; the measured rollback still guards it).
+        """
         if not (force or self.ready()) or not self._buffer:
             return None
         with self._lock:
             data = list(self._buffer)
             self._new = 0
         parent = self.store.get(self.name)
-        parent_score = self.score(parent.version)
+        parent_score = float("nan") if skip_validation else self.score(parent.version)
         model, stats = self.update(parent.bundle, data)
         version = max(e["version"] for e in self.lineage) + 1
         candidate = PolicyBundle(parent.bundle.path, parent.bundle.meta, model, parent.bundle.obs_norm)
-        scores = self.validate(candidate)
-        cand_score = float(np.mean(list(scores.values())))
+        scores = {} if skip_validation else self.validate(candidate)
+        cand_score = float(np.mean(list(scores.values()))) if scores else float("nan")
         entry = {
             "version": version,
             "parent": parent.version,
@@ -299,12 +304,12 @@ class OnlineLearner:
             "jobs": len({t[0] for t in data}),
             "learning_rate": self.config.learning_rate,
             "update": stats,
-            "validation_tta_s": cand_score,
+            "validation_tta_s": None if skip_validation else cand_score,
             "validation_by_task": scores,
-            "parent_validation_tta_s": parent_score,
+            "parent_validation_tta_s": None if skip_validation else parent_score,
             "t": time.time(),
         }
-        if cand_score < parent_score * (1.0 - self.config.min_gain):
+        if skip_validation or cand_score < parent_score * (1.0 - self.config.min_gain):
             path = self.versions_dir / f"v{version:03d}"
             meta = replace(
                 parent.bundle.meta,
@@ -313,8 +318,9 @@ class OnlineLearner:
             save_bundle(path, model, BundleMeta(**meta.__dict__), parent.bundle.obs_norm)
             bundle = load_bundle(path)
             self._bundles[version] = bundle
-            self._scores[version] = cand_score
-            entry.update(status="promoted", path=str(path))
+            if not skip_validation:
+                self._scores[version] = cand_score
+            entry.update(status="promoted", path=str(path), validated=not skip_validation)
             self.lineage.append(entry)
             self._write_lineage()
             self.store.swap(self.name, bundle, version)
@@ -390,8 +396,8 @@ class OnlineLearner:
             for j in reversed(idx):
                 acc = rewards[j] + gamma * (0.0 if done[j] else acc)
                 mc[j] = acc
-        spread = float(mc.std())
-        rewards = rewards * (float(values.std()) / spread if spread > 1e-9 else 1.0)
+        spread, v_spread = float(mc.std()), float(values.std())
+        rewards = rewards * (v_spread / spread if spread > 1e-9 and v_spread > 1e-9 else 1.0)
         for idx in groups.values():
             last = 0.0
             for j in reversed(idx):

@@ -1,0 +1,114 @@
+"""Online fine-tuning: PPO updates from served experience, lineage, validation and rollback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TOKEN, Running
+
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.service.client import RemoteController
+from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
+from dynamix_gym.service.server import ServiceConfig
+from dynamix_gym.service.translog import read_log
+
+TASK = {"workers": 4, "scenario": "throttle"}  # cifar10 on 2 T4 + 2 V100: min batches miss the target
+
+
+def _serve_job(running, job_id: str, seed: int) -> dict:
+    env = HeteroClusterEnv(**TASK, action_mode="absolute")
+    ctl = RemoteController(running.address, token=TOKEN, job_id=job_id, task="cifar10x4", timeout_s=5.0)
+    summary = run_episode(env, ctl, seed).summary
+    ctl.close(final_report=env.unwrapped.last_report)
+    return summary
+
+
+def _poison(bundle, records: list[dict], n: int) -> list[tuple]:
+    """Transitions that pay for shrinking every batch (action 0: -100) and punish the rest, with the
+    serving policy's own log-probabilities (what the service would have logged)."""
+    obs = np.array([row for r in records if r["kind"] == "decision" for row in r["obs"]], dtype=np.float32)
+    obs = obs[np.arange(n) % len(obs)]
+    rng = np.random.default_rng(3)
+    actions = rng.integers(5, size=n)
+    with torch.no_grad():
+        dist = bundle.model.policy.get_distribution(torch.as_tensor(obs))
+        logp = dist.log_prob(torch.as_tensor(actions)).numpy()
+        values = bundle.model.policy.predict_values(torch.as_tensor(obs)).numpy().ravel()
+    return [
+        (f"poison{k % 8}", 0, obs[k], int(a), float(v), float(lp), 10.0 if a == 0 else -10.0, True, 0.0, 0)
+        for k, (a, lp, v) in enumerate(zip(actions, logp, values, strict=True))
+    ]
+
+
+def test_learner_builds_transitions_from_served_jobs_and_validation_gates_promotion(bundle, tmp_path):
+    scores = iter([100.0, 99.0])  # parent, candidate (a stub validator: the gate's logic alone)
+    running = Running(bundle, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+    learner = OnlineLearner(
+        running.service.store,
+        "default",
+        tmp_path / "versions",
+        validate=lambda b: {"t": next(scores)},
+        config=LearnerConfig(learning_rate=1e-5, update_every=64, window=4096, n_epochs=1, batch_size=64),
+        rng=np.random.default_rng(0),
+        log=running.service.log,
+    )
+    running.service.learner = learner
+    try:
+        summary = _serve_job(running, "j0", 100)
+        # one transition per worker per decision, the last one closed by the final report
+        assert learner.buffered == 4 * summary["decisions"]
+        entry = learner.step()
+    finally:
+        running.stop()
+    assert entry["status"] == "promoted" and entry["version"] == 1 and entry["parent"] == 0
+    assert entry["update"]["samples"] == learner.buffered and "policy_gradient_loss" in entry["update"]
+    lineage = json.loads((tmp_path / "versions" / "lineage.json").read_text())["versions"]
+    assert [e["version"] for e in lineage] == [0, 1]
+    saved = json.loads((tmp_path / "versions" / "v001" / "bundle.json").read_text())
+    assert saved["metadata"]["lineage"]["parent"] == 0
+    assert running.service.store.get().version == 1
+
+
+@pytest.mark.timeout(240)
+def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accuracy(bundle, tmp_path):
+    running = Running(bundle, tmp_path / "t.jsonl")
+    learner = OnlineLearner(
+        running.service.store,
+        "default",
+        tmp_path / "versions",
+        validate=lambda b: {"unused": 1.0},
+        config=LearnerConfig(
+            learning_rate=1e-3,
+            update_every=64,
+            window=4096,
+            n_epochs=10,
+            batch_size=256,
+            clip_range=100.0,  # follows its data closely (one clipped PPO step moves a policy little)
+            rollback_window=2,
+        ),
+        rng=np.random.default_rng(0),
+        log=running.service.log,
+    )
+    running.service.learner = learner
+    try:
+        before = [_serve_job(running, f"pre{s}", s) for s in (100, 101)]  # the pretrained version, measured
+        records = list(read_log(running.log_path))
+        learner.add_transitions(_poison(bundle, records, 2048))
+        entry = learner.step(force=True, skip_validation=True)  # let it through: the rollback must catch it
+        assert entry["status"] == "promoted" and running.service.store.get().version == 1
+        after = [_serve_job(running, f"post{s}", s) for s in (100, 101)]
+    finally:
+        running.stop()
+    assert all(s["reached_target"] for s in before)
+    tta_before = np.mean([s["time_to_accuracy_s"] for s in before])
+    # the poisoned policy shrinks batches: slower to the target (or missing it within the budget)
+    assert np.mean([s["total_time_s"] for s in after]) > 1.1 * tta_before
+    assert running.service.store.get().version == 0  # rolled back to the parent
+    lineage = json.loads((tmp_path / "versions" / "lineage.json").read_text())["versions"]
+    assert lineage[-1]["status"] == "rolled_back" and lineage[-1]["measured_tta_ratio"] > 1.05
+    events = [r["kind"] for r in read_log(running.log_path) if r["kind"] in ("promote", "rollback")]
+    assert events == ["promote", "rollback"]

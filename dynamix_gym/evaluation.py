@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.controllers.base import Controller
+from dynamix_gym.controllers.base import Controller, start_options
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.report import IntervalReport
 
@@ -87,7 +87,7 @@ def run_episode(
     prepare = getattr(controller, "prepare", None)
     if prepare is not None:  # e.g. the hindsight limit, which searches replays of this very episode
         prepare(env, seed)
-    obs, info = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed, options=start_options(controller, base.backend.spec))
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec
     report: IntervalReport = info["report"]

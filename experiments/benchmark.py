@@ -18,7 +18,8 @@ Scoring (:func:`score`), written to ``results/benchmark/<label>/<split>/`` as ``
 
 * per task and seed: the time to accuracy, the hindsight limit's (``results/benchmark/hindsight``),
   the best static batch's (``results/benchmark/static``: the one batch per task with the best mean
-  over the task's seeds), whether the target was reached;
+  over the task's seeds; a static job runs at its batch from the first interval, every other
+  controller starts at the workload's initial batch), whether the target was reached;
 * ``ratio`` = (TTA, or the time budget if the target was missed) / the limit's TTA;
 * summary scores: the geometric mean of the ratios, the share of runs reaching the target, the
   worst task (highest geometric mean over its seeds). A run faster than the limit is flagged
@@ -65,7 +66,7 @@ TASK_KEYS = (*TASK_GROUPS, "interval")
 LIMIT_LABEL = "hindsight"
 STATIC_LABEL = "static"
 #: Keys of the orchestrating run that the multirun sets itself.
-_OWN_KEYS = ("task", "seed", "controller.batch", "hydra.sweep.dir", "score_only")
+_OWN_KEYS = ("task", "seed", "controller.batch", "controller.start_at_batch", "hydra.sweep.dir", "score_only")
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +207,11 @@ def multirun_command(cfg: DictConfig, sweep_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "experiments.benchmark", "-m", *forwarded]
     cmd += [f"task={','.join(tasks)}", f"seed={','.join(map(str, seeds))}", f"hydra.sweep.dir={sweep_dir}"]
     if str(cfg.controller.get("_target_", "")).endswith("StaticController"):
+        # A static job runs at its batch from the first step (the adaptive ones start at the
+        # workload's initial batch): +controller.start_at_batch=true.
         cmd.append(f"controller.batch={','.join(map(str, static_batches(cfg)))}")
+        if "start_at_batch" not in cfg.controller:
+            cmd.append("+controller.start_at_batch=true")
     return cmd
 
 

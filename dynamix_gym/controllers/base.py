@@ -84,3 +84,11 @@ def check_fraction(owner: str, field: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
         raise ValueError(f"{owner}.{field} must be in (0, 1], got {value!r}")
     return float(value)
+
+
+def start_options(controller: Controller, spec: Any) -> dict[str, Any] | None:
+    """Reset options for a controller that picks the warm-up interval's batches itself
+    (``initial_batches(spec)`` returning an array; ``None``: the backend's initial batch)."""
+    pick = getattr(controller, "initial_batches", None)
+    initial = pick(spec) if pick is not None else None
+    return None if initial is None else {"initial_batches": initial}

@@ -183,14 +183,39 @@ class HeteroClusterEnv(gym.Env):
 
     # --- gymnasium API ------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Starts an episode. ``options={"initial_batches": [b_0, ..., b_N-1]}`` runs the warm-up
+        interval at those local batches instead of the backend's initial batch (a static batch
+        starting as it means to go on); each must lie in its worker's [min, max]."""
         super().reset(seed=seed)
-        return self._start_episode()
+        unknown = sorted(set(options or {}) - {"initial_batches"})
+        if unknown:
+            raise ValueError(f"unknown reset options {unknown}; known: ['initial_batches']")
+        initial = (options or {}).get("initial_batches")
+        return self._start_episode(None if initial is None else self._check_initial(initial))
 
-    def _start_episode(self):
+    def _check_initial(self, initial: Any) -> np.ndarray:
+        spec = self.backend.spec
+        b = np.asarray(initial)
+        if b.shape != (self.num_workers,) or b.dtype.kind not in "iuf" or not np.all(b == np.round(b)):
+            raise ValueError(
+                f"reset option initial_batches must be {self.num_workers} whole numbers, got {initial!r}"
+            )
+        b = b.astype(np.int64)
+        bad = np.flatnonzero((b < spec.min_batch) | (b > spec.max_batch))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"reset option initial_batches[{i}] = {int(b[i])} is outside worker {i}'s range "
+                f"[{int(spec.min_batch[i])}, {int(spec.max_batch[i])}]"
+            )
+        return b
+
+    def _start_episode(self, initial: np.ndarray | None = None):
         """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""
         self.backend.reset(rng=self.np_random)
         self.encoder.reset()
-        self.batches = self.backend.spec.initial_batch.astype(np.int64).copy()
+        start = self.backend.spec.initial_batch if initial is None else initial
+        self.batches = start.astype(np.int64).copy()
         self.decisions = 0
         self.wall_time_s = 0.0
         report = self.backend.run_interval(self.batches, self.interval)

@@ -70,6 +70,10 @@ SCALAR_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+_W_LOW = np.array([[lo] for lo, _ in WORKER_RANGES.values()])
+_W_HIGH = np.array([[hi] for _, hi in WORKER_RANGES.values()])
+
+
 class FieldError(ValueError):
     """An incoming field is missing, of the wrong size or outside its allowed range."""
 
@@ -208,16 +212,20 @@ def report_from_proto(msg: pb.IntervalReport, spec: BackendSpec) -> IntervalRepo
             f"[{int(spec.min_batch[i])}, {int(spec.max_batch[i])}]",
         )
     alive = _sized("report.alive", msg.alive, n, bool)
-    arrays = {}
-    for name, (low, high) in WORKER_RANGES.items():
-        arr = _sized(f"report.{name}", getattr(msg, name), n, np.float64)
-        _in_range(f"report.{name}", arr, low, high)
-        arrays[name] = arr
-    scalars = {}
-    for name, (low, high) in SCALAR_RANGES.items():
-        v = float(getattr(msg, name))
-        _in_range(f"report.{name}", np.array([v]), low, high)
-        scalars[name] = v
+    for name in WORKER_RANGES:
+        if len(getattr(msg, name)) != n:
+            _sized(f"report.{name}", getattr(msg, name), n, np.float64)
+    # One vectorised check of every per-worker float field; the field is named on failure.
+    block = np.array([getattr(msg, name) for name in WORKER_RANGES], dtype=np.float64)
+    if not (np.isfinite(block).all() and (block >= _W_LOW).all() and (block <= _W_HIGH).all()):
+        for row, (name, (low, high)) in zip(block, WORKER_RANGES.items(), strict=True):
+            _in_range(f"report.{name}", row, low, high)
+    arrays = dict(zip(WORKER_RANGES, block, strict=True))
+    values = [float(getattr(msg, name)) for name in SCALAR_RANGES]
+    scalars = dict(zip(SCALAR_RANGES, values, strict=True))
+    for (name, (low, high)), v in zip(SCALAR_RANGES.items(), values, strict=True):
+        if not (low <= v <= high):  # False for NaN too
+            _in_range(f"report.{name}", np.array([v]), low, high)
     if scalars["interval_time_s"] <= 0.0:
         raise FieldError("report.interval_time_s", "must be > 0 s")
     return IntervalReport(

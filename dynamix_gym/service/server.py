@@ -124,13 +124,22 @@ def policy_step(
         rows = bundle.obs_norm(rows)
     policy = bundle.model.policy
     with served.lock, torch.no_grad():
+        # One pass through SB3's ActorCriticPolicy (what get_distribution + predict_values compute),
+        # without building torch distribution objects: the per-call overhead dominates tiny MLPs.
         t = torch.as_tensor(rows, dtype=torch.float32)
-        dist = policy.get_distribution(t)
-        values = policy.predict_values(t).numpy().reshape(-1)
-        if per_worker:
-            probs = dist.distribution.probs.numpy().astype(np.float64)
+        features = policy.extract_features(t)
+        if policy.share_features_extractor:
+            latent_pi, latent_vf = policy.mlp_extractor(features)
         else:
-            probs = np.stack([d.probs.numpy()[0] for d in dist.distribution]).astype(np.float64)
+            latent_pi = policy.mlp_extractor.forward_actor(features[0])
+            latent_vf = policy.mlp_extractor.forward_critic(features[1])
+        logits = policy.action_net(latent_pi).numpy().astype(np.float64)
+        values = policy.value_net(latent_vf).numpy().reshape(-1)
+    if not per_worker:  # MultiDiscrete: one block of logits per worker
+        logits = logits.reshape(n, -1)
+    logits -= logits.max(axis=1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(axis=1, keepdims=True)
     if explore:
         cum = np.cumsum(probs, axis=1)
         u = rng.random((probs.shape[0], 1)) * cum[:, -1:]

@@ -33,13 +33,14 @@ from typing import Any
 import hydra
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
 from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
 from dynamix_gym.reward import RewardConfig
 from experiments.common import atomic_write_text, plain
+from sim.calibration import ClusterProfile, load_profile
 from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
 
 log = logging.getLogger(__name__)
@@ -55,20 +56,36 @@ COLUMNS: tuple[str, ...] = SUMMARY_COLUMNS + EXTRA_COLUMNS
 
 
 def build_specs(cfg: DictConfig) -> dict[str, Any]:
-    """The cluster, workload, scenario and reward of ``cfg`` as the simulator's and env's specs."""
+    """The cluster, workload, scenario and reward of ``cfg`` as the simulator's and env's specs.
 
+    With ``profile=<dir>`` (a calibrated profile, e.g. a bring-your-own workload's from
+    ``experiments.calibrate``), the cluster and workload are the profile's and the ``cluster`` and
+    ``workload`` groups are not used."""
+    profile = profile_of(cfg)
     return {
-        "cluster": cluster_from_dict(plain(cfg.cluster)),
-        "workload": workload_from_dict(plain(cfg.workload)),
+        "cluster": profile.cluster if profile else cluster_from_dict(plain(cfg.cluster)),
+        "workload": profile.workload if profile else workload_from_dict(plain(cfg.workload)),
         "scenario": scenario_from_dict(plain(cfg.scenario)),
         "reward": RewardConfig.from_any(plain(cfg.reward)),
     }
+
+
+def profile_of(cfg: DictConfig) -> ClusterProfile | None:
+    """The calibrated profile ``cfg.profile`` names (a directory or a shipped profile's name)."""
+    ref = cfg.get("profile")
+    if not ref:
+        return None
+    path = Path(to_absolute_path(str(ref)))
+    return load_profile(path if path.exists() else str(ref))
 
 
 def make_env(cfg: DictConfig, action_mode: str, specs: dict[str, Any] | None = None):
     """The env of ``cfg.backend`` over ``specs`` (default: :func:`build_specs`), in ``action_mode``."""
     factory = instantiate(cfg.backend)
     env_kwargs = plain(cfg.env)
+    profile = profile_of(cfg)
+    if profile is not None:  # the simulator uses the profile's fitted models
+        env_kwargs["profile"] = profile
     return factory(**(specs or build_specs(cfg)), action_mode=action_mode, **env_kwargs)
 
 

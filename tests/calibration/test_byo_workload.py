@@ -242,3 +242,17 @@ def test_without_traces_a_new_workload_must_name_a_shipped_convergence_model(tmp
     with pytest.raises(ValueError, match=r"convergence model 'asr_byo' is not shipped .*give traces=<csv>"):
         calibrate(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_app_runs_a_byo_profile_with_its_metric(byo, tmp_path):
+    """python -m experiments.evaluate profile=<dir>: the profile's cluster, workload and fits."""
+    _, out = byo
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", f"profile={out}", "controller=dlb",
+         f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert row["workload"] == load_profile(out).workload.name and row["metric"] == "wer"
+    assert bool(row["reached_target"]) and row["final_metric"] <= TARGET_WER

@@ -54,7 +54,7 @@ def test_bad_world_sizes_and_configs_name_the_field(tmp_path):
             backend.resize(bad)
     with pytest.raises(ValueError, match="checkpoint_dir"):
         ElasticDDPBackend(RealDDPConfig(workers=1))
-    with pytest.raises(ValueError, match="config.max_batch"):
+    with pytest.raises(ValueError, match=r"config\.max_batch"):
         ElasticDDPBackend(_config(tmp_path, workers=2, max_batch=(64, 64)))
     backend.close()
 

@@ -7,6 +7,7 @@ from typing import Any
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.cannikin import CannikinController
 from dynamix_gym.controllers.dlb import DLBController
+from dynamix_gym.controllers.dynpipe_dp import DynPipeDPController
 from dynamix_gym.controllers.hindsight import HindsightController
 from dynamix_gym.controllers.omnilearn import OmniLearnController
 from dynamix_gym.controllers.oracle import OracleController
@@ -19,6 +20,7 @@ from dynamix_gym.controllers.static import StaticController
 CONTROLLERS: dict[str, type] = {
     "static": StaticController,
     "dlb": DLBController,
+    "dynpipe_dp": DynPipeDPController,
     "omnilearn": OmniLearnController,
     "pollux": PolluxController,
     "rex": REXController,

@@ -32,7 +32,9 @@ class DynPipeDPController(BaseController):
         split    : b_i = M * X_i / sum_j X_j, X_i = b_i / T_compute,i (measured), clipped to the
                    workers' ranges and rounded to sum to M
 
-    The first interval's measurements set the initial split (DynPipe plans once at the start).
+    The first ``plan_intervals`` intervals each re-split by the last measurement (the plan that
+    DynPipe makes from profiling at the start: with affine compute times a few such steps reach
+    the equal-time split).
     Between splits the batches stay put, so a transient slowdown shorter than ``sustain_s`` costs
     no reconfiguration.
 
@@ -43,6 +45,7 @@ class DynPipeDPController(BaseController):
         cooldown_s: least wall time between re-splits (s, >= 0).
         global_batch: M held fixed; ``None``: ``global_fraction`` of the workers' memory.
         global_fraction: the default M's share of the memory capacity, in (0, 1].
+        plan_intervals: intervals of the initial plan (>= 1).
     """
 
     name: ClassVar[str] = "dynpipe_dp"
@@ -55,7 +58,13 @@ class DynPipeDPController(BaseController):
         cooldown_s: float = 300.0,
         global_batch: int | None = None,
         global_fraction: float = 0.25,
+        plan_intervals: int = 3,
     ) -> None:
+        if isinstance(plan_intervals, bool) or int(plan_intervals) != plan_intervals or plan_intervals < 1:
+            raise ValueError(
+                f"DynPipeDPController.plan_intervals must be an integer >= 1, got {plan_intervals!r}"
+            )
+        self.plan_intervals = int(plan_intervals)
         if not threshold > 1.0:
             raise ValueError(
                 f"DynPipeDPController.threshold must be > 1 (a slowdown ratio), got {threshold!r}"
@@ -89,6 +98,7 @@ class DynPipeDPController(BaseController):
             self.target_global_batch = self.check_global_batch("global_batch", self.global_batch)
         self.features = InterferenceFeatures(spec)
         self._split_set: frozenset[int] | None = None  # slowed workers at the last split
+        self._seen = 0
         self._candidate: frozenset[int] | None = None
         self._candidate_since = 0.0
         self._last_split_s = -np.inf
@@ -104,8 +114,9 @@ class DynPipeDPController(BaseController):
         self.last_slowdown = slowdown
         now = float(report.wall_time_s)
         slowed = frozenset(np.flatnonzero(slowdown > self.threshold).tolist())
-        if self._split_set is None:  # the initial plan
-            return self._split(report, current, live, now, slowed, "initial").astype(np.float32), None
+        self._seen += 1
+        if self._seen <= self.plan_intervals:  # the initial plan
+            return self._split(report, current, live, now, slowed, "plan").astype(np.float32), None
         if slowed != self._candidate:
             self._candidate, self._candidate_since = slowed, now
         sustained = now - self._candidate_since >= self.sustain_s

@@ -19,6 +19,11 @@ GPUs, one at a time: release one GPU of the offer whose marginal goodput per dol
 ``shrink * threshold``, else request one of the offer whose marginal goodput per dollar beats
 ``threshold`` ((progress/s) per ($/h)), until neither holds (at most 2 per offer).
 
+``spot_backfill`` (a hand-written heuristic; the learners' behaviour-cloning expert): hold
+``gpus`` GPUs of type ``gpu`` on the spot market, replace a preempted (or unavailable) spot GPU by
+an on-demand one of the same type, hand the on-demand GPUs back once spot capacity returns, and
+release every GPU of the other types.
+
 ``oracle_pool``: the greedy oracle extended with the pool. From the simulator's ground truth
 (``info["elastic_truth"]``) it scores holding the current set and every single-offer change of
 -2..+2 GPUs by the dollars (plus ``time_value_usd_per_hour`` per hour) per unit of progress over the
@@ -36,7 +41,7 @@ import numpy as np
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.validation import check_int, check_range
 
-ELASTIC_BASELINES = ("fixed", "goodput_per_dollar", "oracle_pool")
+ELASTIC_BASELINES = ("fixed", "goodput_per_dollar", "oracle_pool", "spot_backfill")
 
 
 @dataclass(frozen=True)
@@ -304,6 +309,35 @@ class PoolOracle(ElasticController):
         return best
 
 
+class SpotBackfill(ElasticController):
+    """The spot-first heuristic of the module docstring."""
+
+    name = "spot_backfill"
+
+    def __init__(self, gpu: str = "T4", gpus: int = 4) -> None:
+        self.gpu = str(gpu)
+        self.gpus = check_int("spot_backfill.gpus", gpus, 1, 4096)
+
+    def reset(self, spec: ElasticSpec, rng: np.random.Generator | None = None) -> None:
+        super().reset(spec, rng)
+        for market in ("spot", "on_demand"):
+            if f"{self.gpu}/{market}" not in spec.offers:
+                raise ValueError(f"spot_backfill.gpu={self.gpu!r}: the pool has no {self.gpu}/{market} offer")
+        self.k_spot = spec.offers.index(f"{self.gpu}/spot")
+        self.k_od = spec.offers.index(f"{self.gpu}/on_demand")
+
+    def deltas(self, info: dict[str, Any]) -> np.ndarray:
+        spec = self.spec
+        held, free = _counts(info, spec, "held_counts"), _counts(info, spec, "free_counts")
+        target = np.zeros(len(spec.offers), dtype=np.int64)
+        target[self.k_spot] = min(self.gpus, held[self.k_spot] + free[self.k_spot])
+        target[self.k_od] = min(self.gpus - target[self.k_spot], held[self.k_od] + free[self.k_od])
+        d = np.clip(target - held, -2, 2)
+        if d[self.k_spot] > 0 and d[self.k_od] < 0:
+            d[self.k_od] = max(d[self.k_od], -d[self.k_spot])  # hand back only what spot replaced
+        return d
+
+
 def make_elastic_controller(name: str, **kwargs: Any) -> ElasticController:
     """A baseline by name: ``fixed`` (``counts=``), ``goodput_per_dollar``, ``oracle_pool``."""
     if name == "fixed":
@@ -312,4 +346,6 @@ def make_elastic_controller(name: str, **kwargs: Any) -> ElasticController:
         return GoodputPerDollar(**kwargs)
     if name == "oracle_pool":
         return PoolOracle(**kwargs)
+    if name == "spot_backfill":
+        return SpotBackfill(**kwargs)
     raise ValueError(f"elastic controller {name!r} is not one of {list(ELASTIC_BASELINES)}")

@@ -25,9 +25,11 @@ from stable_baselines3 import PPO, SAC, TD3
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
 
 from dynamix_gym.bundle import BundleMeta, BundleMismatchError, ObsNorm, save_bundle
+from dynamix_gym.elastic.baselines import ElasticSpec, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
-from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
+from dynamix_gym.envs.elastic_cluster import LR_CHOICES, ElasticClusterEnv
 from dynamix_gym.envs.hetero_cluster import DEFAULT_ACTION_SET
+from sim.elastic import LR_RANGE
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,9 @@ class ElasticTrainConfig:
     eval_every: int = 10_000
     eval_seeds: tuple[int, ...] = (100, 101, 102)
     torch_threads: int = 1
+    # Behaviour-cloning warm start from a baseline (None: off), e.g.
+    # {expert: fixed, params: {counts: {T4/spot: 4}}, episodes: 24, epochs: 40}
+    expert_pretrain: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -132,6 +137,65 @@ def evaluate(policy: ElasticPolicy, env_kwargs: dict[str, Any], seeds) -> dict[s
     }
 
 
+def flat_action(env: ElasticClusterEnv, action: dict[str, Any]) -> np.ndarray:
+    """The env's flat action (multidiscrete or box form) of a Dict action."""
+    parts = env.to_dict_action(action)
+    w = np.asarray(parts["workers"], dtype=np.int64)
+    lr = float(parts["lr"])
+    batch = np.asarray(parts.get("batch", np.zeros(0)))
+    if env.action_form == "multidiscrete":
+        k = int(np.argmin([abs(c - lr) for c in LR_CHOICES]))
+        return np.concatenate([batch.astype(np.int64), w, [k]]).astype(np.int64)
+    a_lr = 2.0 * math.log(lr / LR_RANGE[0]) / math.log(LR_RANGE[1] / LR_RANGE[0]) - 1.0
+    return np.concatenate([batch.astype(np.float64), (w - 2) / 2.0, [a_lr]]).astype(np.float32)
+
+
+def behaviour_clone(model: Any, venv: Any, cfg: ElasticTrainConfig) -> dict[str, float]:
+    """Fit the policy to an expert's actions on episodes of seeds >= 1000 + cfg.seed; seeds the
+    observation normaliser with the expert's observations. Returns the final log-likelihood."""
+    spec = dict(cfg.expert_pretrain)
+    kwargs = _env_kwargs(cfg)
+    obs_list, act_list = [], []
+    for i in range(int(spec.get("episodes", 24))):
+        env = ElasticClusterEnv(**kwargs)
+        expert = make_elastic_controller(spec["expert"], **spec.get("params", {}))
+        obs, info = env.reset(seed=1000 + cfg.seed + i)
+        expert.reset(ElasticSpec.from_env(env), np.random.default_rng(i))
+        while True:
+            action, _ = expert.predict(obs, info)
+            obs_list.append(obs)
+            act_list.append(flat_action(env, action))
+            obs, _, term, trunc, info = env.step(action)
+            if term or trunc:
+                break
+    obs_arr = np.asarray(obs_list, dtype=np.float64)
+    if isinstance(venv, VecNormalize):
+        venv.obs_rms.mean, venv.obs_rms.var = obs_arr.mean(axis=0), obs_arr.var(axis=0)
+        venv.obs_rms.count = float(len(obs_arr))
+        obs_arr = venv.normalize_obs(obs_arr)
+    obs_t = torch.as_tensor(obs_arr, dtype=torch.float32)
+    act_t = torch.as_tensor(np.asarray(act_list))
+    policy = model.policy
+    params = policy.actor.parameters() if cfg.algo != "ppo" else policy.parameters()
+    opt = torch.optim.Adam(params, lr=float(spec.get("lr", 1e-3)))
+    n = len(obs_t)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    loss = torch.tensor(0.0)
+    for _ in range(int(spec.get("epochs", 40))):
+        for idx in torch.randperm(n, generator=gen).split(256):
+            if cfg.algo == "ppo":
+                _, logp, _ = policy.evaluate_actions(obs_t[idx], act_t[idx])
+                loss = -logp.mean()
+            else:
+                loss = torch.nn.functional.mse_loss(policy.actor(obs_t[idx], deterministic=True), act_t[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    if hasattr(model, "actor_target"):  # TD3: the target actor starts where the clone ended
+        model.actor_target.load_state_dict(model.actor.state_dict())
+    return {"samples": n, "final_loss": float(loss.detach())}
+
+
 def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train a learner; keeps the bundle with the lowest validation dollars to accuracy (seeds >= 100)."""
     torch.set_num_threads(cfg.torch_threads)
@@ -155,10 +219,18 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
     probe_env = ElasticClusterEnv(**kwargs)
     best = {"dollars_to_accuracy": math.inf}
     history = []
+    warm = behaviour_clone(model, venv, cfg) if cfg.expert_pretrain else {}
 
     def norm() -> ObsNorm | None:
         return ObsNorm.from_vecnormalize(venv) if isinstance(venv, VecNormalize) else None
 
+    if warm:
+        score = evaluate(ElasticPolicy(model, norm(), {}), kwargs, cfg.eval_seeds)
+        warm.update(score)
+        history.append({**score, "timesteps": 0})
+        log.info("%s after behaviour cloning: validation %s", cfg.algo, score)
+        best = score
+        save_elastic_bundle(run_dir / "best", model, cfg, norm(), probe_env)
     t0 = time.perf_counter()
     done = 0
     while done < cfg.total_timesteps:
@@ -181,6 +253,7 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
     venv.close()
     return {
         "algo": cfg.algo,
+        "warm_start": warm,
         "best_validation": best,
         "history": history,
         "timesteps": int(model.num_timesteps),

@@ -1,0 +1,118 @@
+"""Elastic baselines and learners: what each baseline holds, bad input, and a tiny PPO / SAC run
+through the training entry point to a bundle that loads and drives the env."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynamix_gym.bundle import BundleMismatchError
+from dynamix_gym.elastic.baselines import ElasticSpec, FixedAllocation, make_elastic_controller
+from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.elastic.pools import get_pool
+from dynamix_gym.elastic.training import ElasticTrainConfig, load_elastic_bundle, train_elastic
+from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
+from sim.specs_io import spec_to_dict
+
+ENV = {"batch_action": "none", "interval": 100}
+
+
+def _volatile_pool() -> dict:
+    pool = spec_to_dict(get_pool("t4v100_spot"))
+    pool["preemption"] = {"rate_per_hour": 20.0, "notice_s": 30.0, "unavailable_s": [200.0, 200.0]}
+    return pool
+
+
+def test_a_fixed_allocation_holds_its_gpus_and_takes_back_returned_capacity():
+    counts = {"T4/spot": 4}
+    env = ElasticClusterEnv(pool=_volatile_pool(), initial_allocation=counts, **ENV)
+    r = run_elastic_episode(env, FixedAllocation(counts), seed=100)
+    assert r["reached_target"] and r["preemptions"] >= 1
+    held = [h["held_T4/spot"] for h in r["history"]]
+    assert min(held) < 4  # lost to preemptions ...
+    first_loss = next(i for i, h in enumerate(held) if h < 4)
+    assert any(
+        b > a for a, b in zip(held[first_loss:], held[first_loss + 1 :], strict=False)
+    )  # ... and taken back
+    assert all(h["held_T4/spot"] + h["held_T4/on_demand"] <= 4 for h in r["history"])
+
+
+def test_the_rule_the_oracle_and_the_backfill_leave_the_expensive_start_and_reach_the_target():
+    for name, params in (
+        ("goodput_per_dollar", {"threshold": 20.0, "cooldown": 5}),
+        ("oracle_pool", {}),
+        ("spot_backfill", {}),
+    ):
+        env = ElasticClusterEnv(**ENV)  # starts on 2 T4 + 2 V100 on demand ($5.66/h)
+        r = run_elastic_episode(env, make_elastic_controller(name, **params), seed=100)
+        assert r["reached_target"], name
+        assert r["history"][-1]["held_V100/on_demand"] < 2, name
+        assert r["dollars_to_accuracy"] < 5.66 * r["time_to_accuracy_s"] / 3600.0, name
+
+
+def test_the_backfill_replaces_a_preempted_spot_gpu_on_demand():
+    env = ElasticClusterEnv(pool=_volatile_pool(), initial_allocation={"T4/spot": 4}, **ENV)
+    r = run_elastic_episode(env, make_elastic_controller("spot_backfill"), seed=100)
+    assert any(h["held_T4/on_demand"] > 0 for h in r["history"])
+    assert all(h["held_T4/spot"] + h["held_T4/on_demand"] <= 4 for h in r["history"])
+
+
+def test_baseline_bad_input_names_the_field():
+    env = ElasticClusterEnv(**ENV)
+    spec = ElasticSpec.from_env(env)
+    with pytest.raises(ValueError, match=r"counts\['T4/spot'\] = 9 is beyond the pool: allowed \[0, 4\]"):
+        FixedAllocation({"T4/spot": 9}).reset(spec)
+    with pytest.raises(ValueError, match="offer 'P100/spot'"):
+        FixedAllocation({"P100/spot": 1}).reset(spec)
+    with pytest.raises(ValueError, match="at least one"):
+        FixedAllocation({"T4/spot": 0})
+    with pytest.raises(ValueError, match=r"goodput_per_dollar\.threshold"):
+        make_elastic_controller("goodput_per_dollar", threshold=-1.0)
+    with pytest.raises(ValueError, match="not one of"):
+        make_elastic_controller("magic")
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="elastic_truth"):
+        oracle = make_elastic_controller("oracle_pool")
+        oracle.reset(spec)
+        oracle.predict(None, {"held": env.job.held})
+
+
+def test_seeds_below_100_are_refused_for_training():
+    with pytest.raises(ValueError, match=">= 100"):
+        ElasticTrainConfig(run_dir="x", eval_seeds=(0,))
+
+
+@pytest.mark.parametrize(
+    ("algo", "kwargs"),
+    [
+        ("ppo", {"n_steps": 64, "batch_size": 64, "n_epochs": 1}),
+        ("sac", {"learning_starts": 32, "batch_size": 32}),
+    ],
+)
+def test_a_tiny_run_writes_a_bundle_that_loads_and_refuses_other_spaces(tmp_path, algo, kwargs):
+    cfg = ElasticTrainConfig(
+        run_dir=str(tmp_path),
+        algo=algo,
+        total_timesteps=128,
+        n_envs=2 if algo == "ppo" else 1,
+        eval_every=128,
+        eval_seeds=(100,),
+        env={**ENV, "max_decisions": 12, "reward": {"kind": "cost", "time_value_usd_per_hour": 1.0}},
+        algo_kwargs=kwargs,
+        policy_kwargs={"net_arch": [16]},
+        expert_pretrain={"expert": "fixed", "params": {"counts": {"T4/spot": 4}}, "episodes": 1, "epochs": 2},
+    )
+    result = train_elastic(cfg)
+    assert result["warm_start"]["samples"] > 0 and len(result["history"]) == 2
+    form = "multidiscrete" if algo == "ppo" else "box"
+    env = ElasticClusterEnv(**{**ENV, "max_decisions": 12}, action_form=form)
+    policy = load_elastic_bundle(tmp_path / "best", env)
+    assert policy.meta["metadata"]["algo"] == algo
+    r = run_elastic_episode(env, policy, seed=100)
+    assert r["decisions"] >= 1
+    other = ElasticClusterEnv(
+        **{**ENV, "max_decisions": 12}, action_form="multidiscrete" if algo == "sac" else "box"
+    )
+    with pytest.raises(BundleMismatchError, match="action space"):
+        load_elastic_bundle(tmp_path / "best", other)
+    assert np.isfinite(r["spend_usd"])

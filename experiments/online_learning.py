@@ -11,9 +11,10 @@
 2. The curve: every version the service ever served is scored deterministically on the stream's
    test tasks at the test split's own seeds (0, 1): mean time to accuracy (twice the time used
    when the target is missed), and its ratio to the pretrained bundle.
-3. Poisoning: transitions that reward shrinking every batch are fed to the learner. With
-   validation the candidate is rejected; promoted anyway (an operator's override), the jobs it
-   then serves measure it against its parent on the same tasks and the service rolls back.
+3. Poisoning: anti-policy transitions (every action but the policy's choice paid for) are fed to
+   the learner. Validation should reject the candidate; if it does, it is promoted anyway (an
+   operator's override). Either way the jobs the poisoned version then serves measure it against
+   its parent on the same tasks, and the service must roll back.
 
 Writes ``<out_dir>/online.json`` and ``<out_dir>/online.md``.
 """
@@ -99,17 +100,23 @@ def _score(bundle, tasks: dict, names: list[str], seeds: list[int]) -> dict[str,
 
 
 def _poison(bundle, obs: np.ndarray, n: int, rng: np.random.Generator) -> list[tuple]:
-    """Transitions that pay for action 0 (-100 samples on every worker) and punish the others, with
-    the serving policy's own values and log-probabilities (what the service would have logged)."""
+    """Anti-policy transitions: every action but the serving policy's choice is paid for, its
+    choice punished, with the policy's own values and log-probabilities (what the service would
+    have logged)."""
     obs = obs[rng.integers(len(obs), size=n)]
-    actions = rng.integers(5, size=n)
     with torch.no_grad():
         t = torch.as_tensor(obs)
-        logp = bundle.model.policy.get_distribution(t).log_prob(torch.as_tensor(actions)).numpy()
+        dist = bundle.model.policy.get_distribution(t)
+        best = dist.distribution.probs.argmax(dim=1).numpy()
+        actions = (best + rng.integers(1, 5, size=n)) % 5
+        logp = dist.log_prob(torch.as_tensor(actions)).numpy()
         values = bundle.model.policy.predict_values(t).numpy().ravel()
     return [
-        (f"poison{k % 16}", 0, obs[k], int(a), float(v), float(lp), 10.0 if a == 0 else -10.0, True, 0.0, -1)
+        (f"poison{k % 16}", 0, obs[k], int(a), float(v), float(lp), 10.0, True, 0.0, -1)
         for k, (a, lp, v) in enumerate(zip(actions, logp, values, strict=True))
+    ] + [
+        (f"poison{k % 16}", 0, obs[k], int(b), float(v), float(lp), -10.0, True, 0.0, -1)
+        for k, (b, lp, v) in enumerate(zip(best, logp, values, strict=True))
     ]
 
 
@@ -187,13 +194,16 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
         learner._buffer.clear()
         learner.add_transitions(_poison(serving.bundle, obs, int(cfg.poison.transitions), rng))
         gated = learner.step(force=True)
-        learner._buffer.clear()
-        learner.add_transitions(_poison(serving.bundle, obs, int(cfg.poison.transitions), rng))
-        forced = learner.step(force=True, skip_validation=True)
+        forced = None
+        if gated["status"] != "promoted":  # validation caught it: promote it anyway, as an operator might
+            learner._buffer.clear()
+            learner.add_transitions(_poison(serving.bundle, obs, int(cfg.poison.transitions), rng))
+            forced = learner.step(force=True, skip_validation=True)
+        poisoned = gated if forced is None else forced
         poisoned_waves = []
         for w in range(int(cfg.poison.waves)):
-            if store.get().version != forced["version"]:
-                break
+            if store.get().version != poisoned["version"]:
+                break  # rolled back
             seeds = [seeds_from + 1000 + w * len(names) + i for i in range(len(names))]
             poisoned_waves.append(_wave(address, token, test_tasks, names, seeds, f"p{w}"))
         rolled_back = store.get().version == serving.version
@@ -230,8 +240,9 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
             "validation_gate": {
                 k: gated.get(k) for k in ("version", "status", "validation_tta_s", "parent_validation_tta_s")
             },
-            "forced": {k: forced.get(k) for k in ("version", "status")},
-            "measured_tta_ratio": learner._entry(forced["version"]).get("measured_tta_ratio"),
+            "forced": None if forced is None else {k: forced.get(k) for k in ("version", "status")},
+            "poisoned_version": poisoned["version"],
+            "measured_tta_ratio": learner._entry(poisoned["version"]).get("measured_tta_ratio"),
             "rolled_back": rolled_back,
             "jobs_after_forced_promotion": poisoned_waves,
         },

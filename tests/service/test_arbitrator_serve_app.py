@@ -1,0 +1,98 @@
+"""python -m experiments.serve: its refusals, and a SIGKILL mid-run (the real process)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TOKEN
+from hydra import compose, initialize_config_dir
+
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.service.client import ArbitratorClient
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, build_server, load_token
+from dynamix_gym.service.translog import read_log
+from experiments.bench_serve import ServiceProcess
+from experiments.serve import make_validator, serve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        return compose("serve", overrides=list(overrides))
+
+
+def test_a_token_on_the_command_line_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="never give the token on the command line"):
+        serve(_cfg("+token=abcdefghijklmnopqrstuvwxyz"), out_dir=tmp_path)
+
+
+def test_tokens_come_from_a_file_or_the_environment_and_must_be_long(tmp_path):
+    f = tmp_path / "token"
+    f.write_text(TOKEN + "\n")
+    assert load_token(f, None) == TOKEN
+    assert load_token(None, "T", environ={"T": TOKEN}) == TOKEN
+    with pytest.raises(ValueError, match="at least 16 printable characters"):
+        load_token(None, "T", environ={"T": "short"})
+    with pytest.raises(ValueError, match="needs a token"):
+        load_token(None, None)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_token(tmp_path / "missing", None)
+
+
+def test_a_public_address_without_tls_is_refused(bundle, tmp_path):
+    service = ArbitratorService(PolicyStore({"d": bundle}), tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="not a loopback address: configure TLS"):
+        build_server(service, TOKEN, host="0.0.0.0")
+    with pytest.raises(ValueError, match="TLS needs both cert_file and key_file"):
+        build_server(service, TOKEN, cert_file="x.pem")
+    service.close()
+
+
+def test_validation_never_uses_the_test_split_or_its_seeds():
+    with pytest.raises(ValueError, match="test split is for scoring only"):
+        make_validator({"split": "test"})
+    with pytest.raises(ValueError, match="seeds must be >= 100"):
+        make_validator({"split": "train", "tasks": ["cifar10_t4v100_static"], "seeds": [0]})
+
+
+@pytest.mark.slow  # two service start-ups
+def test_service_killed_mid_run_restarts_and_the_job_trains_on(tmp_path):
+    svc = ServiceProcess("results/headline/policy", tmp_path, TOKEN)
+    svc.start()
+    env = HeteroClusterEnv(workers=4, workload="ncf", action_mode="absolute")  # ~100 decisions
+    _, info = env.reset(seed=100)
+    client = ArbitratorClient(
+        svc.address, token=TOKEN, job_id="kill-me", timeout_s=2.0, backoff_s=0.05, max_backoff_s=0.5
+    )
+    client.register(env.backend.spec, env.interval)
+    received = {}
+    try:
+        after = 0
+        for step in range(80):  # bounded; stops once 10 decisions came after the restart
+            if after >= 10:
+                break
+            if step == 10:
+                svc.proc.send_signal(signal.SIGKILL)
+                svc.proc.wait(10)
+            if step == 14:
+                svc.start()  # same port, same log
+            new = client.decide(info["report"], env.unwrapped.batches)
+            if new is not None:
+                received[client.seq - 1] = new.tolist()
+                after += step >= 14
+            elif step >= 14:
+                time.sleep(0.2)
+            action = env.unwrapped.batches if new is None else new
+            _, _, term, trunc, info = env.step(action.astype(np.float32))
+            assert not (term or trunc)
+    finally:
+        svc.stop()
+    logged = {r["seq"]: r for r in read_log(tmp_path / "transitions.jsonl") if r["kind"] == "decision"}
+    assert after == 10 and len(received) >= 20 and client.counts["registers"] >= 2
+    assert set(received) <= set(logged)  # every decision a client got was logged first
+    assert len(set(logged) - set(received)) <= 1  # at most the one in flight at the kill

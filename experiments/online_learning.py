@@ -292,7 +292,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         f"- with validation: candidate v{g['version']} {g['status']} (validation TTA "
         f"{g['validation_tta_s']:.1f} s vs parent {g['parent_validation_tta_s']:.1f} s)",
-        f"- promoted without validation: v{p['forced']['version']}; measured TTA ratio to its parent "
+        f"- {'promoted by validation' if p['forced'] is None else 'then promoted without validation'}: "
+        f"v{p['poisoned_version']}; measured TTA ratio to its parent on the jobs it served: "
         f"{p['measured_tta_ratio']}; rolled back: {p['rolled_back']}",
         "",
     ]

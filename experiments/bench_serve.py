@@ -286,8 +286,17 @@ def _latency(results: list[dict]) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 # Stages
 # --------------------------------------------------------------------------------------------
+def _fresh(folder: Path) -> Path:
+    """A stage's folder, emptied: the service's log is append-only, and the audit reads one run."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
-    svc = ServiceProcess(str(cfg.bundle), out / "load", token)
+    svc = ServiceProcess(str(cfg.bundle), _fresh(out / "load"), token)
     svc.start()
     rss: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -315,6 +324,7 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
     q = max(len(r) // 10, 1)
     return {
         "jobs": int(cfg.jobs),
+        "think_s": float(cfg.think_s),
         "episodes": len(results),
         "wall_s": wall,
         "decisions_per_s": checks["received_decisions"] / wall,
@@ -333,7 +343,7 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
 
 
 def stage_kill(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
-    folder = out / "kill"
+    folder = _fresh(out / "kill")
     svc = ServiceProcess(str(cfg.bundle), folder, token)
     svc.start()
     events: dict[str, float] = {}
@@ -375,7 +385,7 @@ def stage_fuzz(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
     from dynamix_gym.service.client import ArbitratorClient
     from dynamix_gym.service.messages import report_to_proto, spec_to_proto
 
-    svc = ServiceProcess(str(cfg.bundle), out / "fuzz", token)
+    svc = ServiceProcess(str(cfg.bundle), _fresh(out / "fuzz"), token)
     svc.start()
     try:
         env = HeteroClusterEnv(workers=8, scenario="throttle", action_mode="absolute")
@@ -434,7 +444,8 @@ def bench_serve(cfg: DictConfig) -> dict[str, Any]:
         log.info("bench_serve: stage %s", stage)
         result[stage] = {"load": stage_load, "kill": stage_kill, "fuzz": stage_fuzz}[stage](cfg, out, token)
         log.info("%s: %s", stage, json.dumps(result[stage], default=str)[:2000])
-    atomic_write_text(out / f"bench_serve_{cfg.stage}.json", json.dumps(result, indent=1, default=str) + "\n")
+    name = f"bench_serve_{cfg.stage}" + (f"_{cfg.label}" if cfg.get("label") else "")
+    atomic_write_text(out / f"{name}.json", json.dumps(result, indent=1, default=str) + "\n")
     return result
 
 

@@ -182,6 +182,8 @@ def _job_thread(args: dict[str, Any], index: int, quota: int, out: list, stop_at
 def client_main(args: dict[str, Any], result_path: str) -> None:
     """One client process: ``threads`` jobs, each up to its quota of decisions."""
     logging.basicConfig(level=logging.WARNING)
+    if args["nice"]:
+        os.nice(int(args["nice"]))  # the simulated jobs yield to the service (it has its own host in use)
     out: list = []
     stop_at = time.monotonic() + args["max_s"]
     threads = [
@@ -215,6 +217,7 @@ def run_clients(
             "seed": int(cfg.seed) + p,
             "proc": p,
             "max_s": float(cfg.max_client_s),
+            "nice": int(cfg.client_nice),
         }
         path = out / f"clients-{p}.json"
         path.unlink(missing_ok=True)

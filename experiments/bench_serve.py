@@ -198,7 +198,14 @@ def client_main(args: dict[str, Any], result_path: str) -> None:
 
 
 def run_clients(
-    cfg: DictConfig, address: str, token: str, jobs: int, decisions: int, out: Path, during=None
+    cfg: DictConfig,
+    address: str,
+    token: str,
+    jobs: int,
+    decisions: int,
+    out: Path,
+    during=None,
+    think_s: float | None = None,
 ) -> list[dict]:
     procs_n = int(cfg.client_procs)
     per_proc = [jobs // procs_n + (1 if i < jobs % procs_n else 0) for i in range(procs_n)]
@@ -212,7 +219,7 @@ def run_clients(
             "tasks": plain(cfg.tasks),
             "threads": threads,
             "quota": quota,
-            "think_s": float(cfg.think_s),
+            "think_s": float(cfg.think_s if think_s is None else think_s),
             "timeout_s": float(cfg.timeout_s),
             "seed": int(cfg.seed) + p,
             "proc": p,
@@ -362,7 +369,14 @@ def stage_kill(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
 
     try:
         results = run_clients(
-            cfg, svc.address, token, int(cfg.kill_jobs), int(cfg.kill_decisions), folder, during=fault
+            cfg,
+            svc.address,
+            token,
+            int(cfg.kill_jobs),
+            int(cfg.kill_decisions),
+            folder,
+            during=fault,
+            think_s=float(cfg.kill_think_s),
         )
     finally:
         svc.stop()

@@ -2,14 +2,16 @@
 
 A bundle is a directory::
 
-    bundle.json          schema version + feature names, action set, observation form,
+    bundle.json          schema version + feature names, action mode and set, observation form,
                          training config and metadata
     model.zip            the Stable-Baselines3 PPO model
     obs_norm.npz         observation normalisation statistics (VecNormalize's running mean / var)
 
 Loading a bundle yields a controller that evaluation and deployment use like any baseline. A
-bundle whose observation schema or action set differs from the env's is refused with a clear
-error: a policy must never be fed features it was not trained on.
+bundle whose observation schema (version and feature names), action mode or action set differs
+from the env's is refused with :class:`BundleMismatchError`: a policy must never be fed features
+it was not trained on. Schema 1 bundles (every bundle written before schema 2) load unchanged: a
+bundle.json without ``action_mode`` is a ``delta`` bundle.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import numpy as np
 
 from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
-from dynamix_gym.schema import OBS_SCHEMA, SCHEMA_VERSION, split_centralised
+from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 
 BUNDLE_FORMAT = 1
 OBS_FORMS = ("per_worker", "centralised")
+#: The env action modes a bundle's policy may emit (discrete steps: deltas or factors).
+BUNDLE_ACTION_MODES = ("delta", "scale")
 
 
 class BundleMismatchError(ValueError):
@@ -38,17 +42,24 @@ class BundleMismatchError(ValueError):
 @dataclass
 class BundleMeta:
     obs_form: str  # "per_worker" or "centralised"
-    action_set: list[int]
+    action_set: list[float]  # batch deltas (delta mode) or factors (scale mode)
     num_workers: int | None = None  # centralised bundles only: the cluster size they drive
     schema_version: str = SCHEMA_VERSION
-    feature_names: list[str] = field(default_factory=OBS_SCHEMA.per_worker_names)
+    #: per-worker feature names of ``schema_version`` (filled from the schema when omitted)
+    feature_names: list[str] | None = None
     bundle_format: int = BUNDLE_FORMAT
     config: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    action_mode: str = "delta"
 
     def __post_init__(self) -> None:
         if self.obs_form not in OBS_FORMS:
             raise ValueError(f"obs_form must be one of {OBS_FORMS}, got {self.obs_form!r}")
+        if self.action_mode not in BUNDLE_ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {BUNDLE_ACTION_MODES}, got {self.action_mode!r}")
+        self.schema_version = str(self.schema_version)
+        if self.feature_names is None and self.schema_version in SCHEMA_VERSIONS:
+            self.feature_names = get_schema(self.schema_version).per_worker_names()
         if self.obs_form == "centralised" and not self.num_workers:
             raise ValueError("a centralised bundle must record num_workers")
 
@@ -140,11 +151,17 @@ def load_bundle(path: str | Path, device: str = "cpu") -> PolicyBundle:
             f"{path}: bundle format {raw.get('bundle_format')!r}, this version reads format {BUNDLE_FORMAT}"
         )
     meta = BundleMeta(**raw)
-    if meta.schema_version != SCHEMA_VERSION or meta.feature_names != OBS_SCHEMA.per_worker_names():
+    if meta.schema_version not in SCHEMA_VERSIONS:
         raise BundleMismatchError(
-            f"{path} was trained on observation schema {meta.schema_version!r} "
-            f"({len(meta.feature_names)} per-worker features); this env uses schema {SCHEMA_VERSION!r} "
-            f"({OBS_SCHEMA.per_worker_dim} features). Retrain or fine-tune the policy for this schema."
+            f"{path} was trained on observation schema {meta.schema_version!r}; this version encodes "
+            f"schemas {list(SCHEMA_VERSIONS)}. Retrain or fine-tune the policy for one of them."
+        )
+    schema = get_schema(meta.schema_version)
+    if meta.feature_names != schema.per_worker_names():
+        raise BundleMismatchError(
+            f"{path} records observation schema {meta.schema_version!r} with {len(meta.feature_names or [])} "
+            f"per-worker features that differ from that schema's {schema.per_worker_dim} "
+            f"({schema.per_worker_names()[:3]} ...). Retrain or fine-tune the policy for this schema."
         )
     model = PPO.load(path / "model.zip", device=device)
     norm = None
@@ -155,7 +172,11 @@ def load_bundle(path: str | Path, device: str = "cpu") -> PolicyBundle:
 
 
 class PPOController(BaseController):
-    """A trained PPO bundle as a controller (``delta`` actions).
+    """A trained PPO bundle as a controller (the bundle's action mode: ``delta``, or ``scale``).
+
+    The env it drives must encode the bundle's observation schema (``obs_schema``) and use its
+    action mode and set; :meth:`check_env` (run by :func:`dynamix_gym.evaluation.run_episode`)
+    refuses any other with :class:`BundleMismatchError`.
 
     Args:
         path: bundle directory (or its ``model.zip``).
@@ -176,7 +197,9 @@ class PPOController(BaseController):
             bundle = load_bundle(path)
         self.bundle = bundle
         self.deterministic = deterministic
-        self.action_set = list(bundle.meta.action_set)
+        self.action_set = [float(a) for a in bundle.meta.action_set]
+        self.action_mode = bundle.meta.action_mode
+        self.schema = get_schema(bundle.meta.schema_version)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
@@ -188,19 +211,39 @@ class PPOController(BaseController):
             )
 
     def check_env(self, env) -> None:
-        """Refuse an env whose action set differs from the one the policy was trained with."""
-        env_set = [int(a) for a in env.action_set]
-        if env_set != self.action_set:
+        """Refuse an env whose observation schema, action mode or action set differs from the
+        policy's."""
+        env_schema = getattr(env, "obs_schema", None)
+        env_version = getattr(env_schema, "version", "1")
+        if env_version != self.schema.version:
             raise BundleMismatchError(
-                f"{self.bundle.path} was trained with batch deltas {self.action_set}; the env uses {env_set}"
+                f"{self.bundle.path} was trained on observation schema {self.schema.version!r}; the env "
+                f"encodes schema {env_version!r}. Build the env with obs_schema={self.schema.version}."
+            )
+        env_mode = getattr(env, "action_mode", "delta")
+        if env_mode != self.action_mode:
+            raise BundleMismatchError(
+                f"{self.bundle.path} emits {self.action_mode!r} actions; the env is in {env_mode!r} mode"
+            )
+        env_set = [float(a) for a in env.action_set]
+        if env_set != self.action_set:
+            kind = "batch factors" if self.action_mode == "scale" else "batch deltas"
+            raise BundleMismatchError(
+                f"{self.bundle.path} was trained with {kind} {_fmt(self.action_set)}; the env uses "
+                f"{_fmt(env_set)}"
             )
 
     def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool | None = None):
         det = self.deterministic if deterministic is None else deterministic
         obs = np.asarray(observation, dtype=np.float32)
         if self.bundle.meta.obs_form == "per_worker":
-            obs = split_centralised(obs, self.spec.num_workers)
+            obs = self.schema.split_centralised(obs, self.spec.num_workers)
         if self.bundle.obs_norm is not None:
             obs = self.bundle.obs_norm(obs)
         action, _ = self.bundle.model.predict(obs, deterministic=det)
         return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None
+
+
+def _fmt(values: list[float]) -> list[int | float]:
+    """Whole numbers as ints (deltas read as in the paper: [-100, -25, 0, 25, 100])."""
+    return [int(v) if float(v).is_integer() else v for v in values]

@@ -10,6 +10,11 @@ Per-worker observation:  ``[this worker's features, global features]``.
 
 Bump :data:`SCHEMA_VERSION` whenever a feature, its order, its range or its meaning changes:
 bundles record the version they were trained with and refuse to drive a different one.
+
+This module defines schema 1 (absolute quantities, DYNAMIX's state; the default, and what every
+existing bundle was trained on). Schema 2, scale-free, lives in :mod:`dynamix_gym.schema_v2`;
+:func:`get_schema` and :func:`make_encoder` choose between them by version
+(``HeteroClusterEnv(obs_schema=...)``).
 """
 
 from __future__ import annotations
@@ -119,6 +124,18 @@ class ObservationSchema:
             f"global.{f.name}" for f in self.global_features
         ]
 
+    def split_centralised(self, obs: np.ndarray, num_workers: int) -> np.ndarray:
+        """(N, Fw + Fg) per-worker rows from a centralised observation of ``num_workers`` workers."""
+        obs = np.asarray(obs)
+        fw, dim = self.worker_dim, self.centralised_dim(num_workers)
+        if obs.shape != (dim,):
+            raise ValueError(
+                f"a centralised observation (schema {self.version}) of {num_workers} workers has shape "
+                f"({dim},), got {obs.shape}"
+            )
+        worker = obs[: num_workers * fw].reshape(num_workers, fw)
+        return ObservationEncoder.per_worker(worker, obs[num_workers * fw :])
+
     def as_table(self) -> str:
         """Markdown table of the per-worker observation (index, name, unit, raw range)."""
         lines = ["| index | name | unit | raw range | description |", "|---|---|---|---|---|"]
@@ -130,6 +147,40 @@ class ObservationSchema:
 
 
 OBS_SCHEMA = ObservationSchema(SCHEMA_VERSION, WORKER_FEATURES, GLOBAL_FEATURES)
+#: Every observation schema this version can encode (and load bundles for), by version.
+SCHEMA_VERSIONS: tuple[str, ...] = ("1", "2")
+
+
+def check_schema_version(field: str, version: int | str) -> str:
+    """The canonical version string of ``version`` (``1``, ``"2"`` ...), or a ValueError naming ``field``."""
+    text = str(version) if isinstance(version, int | str) and not isinstance(version, bool) else None
+    if text not in SCHEMA_VERSIONS:
+        raise ValueError(
+            f"{field} must be one of {list(SCHEMA_VERSIONS)} (observation schema), got {version!r}"
+        )
+    return text
+
+
+def get_schema(version: int | str) -> ObservationSchema:
+    """The observation schema of ``version`` (1: absolute, DYNAMIX's; 2: scale-free)."""
+    text = check_schema_version("obs_schema", version)
+    if text == SCHEMA_VERSION:
+        return OBS_SCHEMA
+    from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
+
+    return OBS_SCHEMA_V2
+
+
+def make_encoder(version: int | str, spec: BackendSpec, window: int = 4):
+    """A fresh encoder of schema ``version`` for ``spec`` (:class:`ObservationEncoder` or
+    :class:`dynamix_gym.schema_v2.ScaleFreeEncoder`; both have ``schema``, ``reset`` and ``encode``)."""
+    text = check_schema_version("obs_schema", version)
+    if text == SCHEMA_VERSION:
+        return ObservationEncoder(spec, window=window)
+    from dynamix_gym.schema_v2 import ScaleFreeEncoder
+
+    return ScaleFreeEncoder(spec, window=window)
+
 
 _W_LOW = np.array([f.low for f in WORKER_FEATURES])
 _W_HIGH = np.array([f.high for f in WORKER_FEATURES])
@@ -153,6 +204,8 @@ class ObservationEncoder:
         window: intervals over which accuracy gains are measured.
         noise_smoothing: EMA weight of the noise-scale estimator.
     """
+
+    schema = OBS_SCHEMA
 
     def __init__(self, spec: BackendSpec, window: int = 4, noise_smoothing: float = 0.2) -> None:
         if window < 1:
@@ -299,14 +352,8 @@ class ObservationEncoder:
         return np.concatenate([worker, np.broadcast_to(glob, (n, glob.shape[0]))], axis=1, dtype=np.float32)
 
 
-def split_centralised(obs: np.ndarray, num_workers: int) -> np.ndarray:
+def split_centralised(
+    obs: np.ndarray, num_workers: int, schema: ObservationSchema = OBS_SCHEMA
+) -> np.ndarray:
     """(N, Fw + Fg) per-worker rows from a centralised observation of ``num_workers`` workers."""
-    obs = np.asarray(obs)
-    fw = OBS_SCHEMA.worker_dim
-    if obs.shape != (OBS_SCHEMA.centralised_dim(num_workers),):
-        raise ValueError(
-            f"a centralised observation of {num_workers} workers has shape "
-            f"({OBS_SCHEMA.centralised_dim(num_workers)},), got {obs.shape}"
-        )
-    worker = obs[: num_workers * fw].reshape(num_workers, fw)
-    return ObservationEncoder.per_worker(worker, obs[num_workers * fw :])
+    return schema.split_centralised(obs, num_workers)

@@ -379,11 +379,14 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             warm_start_stats = _warm_start(cfg, model, venv)
 
     action_set = list(venv.get_attr("action_set", [0])[0])
+    schema = venv.get_attr("obs_schema", [0])[0]  # the bundle records what the envs encoded
 
     def meta_fn() -> BundleMeta:
         return BundleMeta(
             obs_form=cfg.obs_form,
             action_set=[int(a) for a in action_set],
+            schema_version=schema.version,
+            feature_names=schema.per_worker_names(),
             num_workers=cfg.centralised_workers if cfg.obs_form == "centralised" else None,
             config=config_dict or {},
             metadata={

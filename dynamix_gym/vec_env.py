@@ -21,7 +21,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.schema import OBS_SCHEMA, split_centralised
+from dynamix_gym.schema import get_schema
 
 
 class PerWorkerVecEnv(VecEnv):
@@ -58,8 +58,13 @@ class PerWorkerVecEnv(VecEnv):
         self.sizes = [int(s) for s in sizes]
         if len(self.sizes) != len(self.clusters):
             raise ValueError(f"got {len(self.clusters)} env_fns but {len(self.sizes)} sizes")
+        versions = {c.get_attr("obs_schema")[0].version for c in self.clusters}
+        if len(versions) != 1:
+            raise ValueError(f"all clusters must encode one observation schema, got {sorted(versions)}")
+        #: the observation schema every cluster encodes (its per-worker rows are the sub-envs' obs)
+        self.schema = get_schema(versions.pop())
         for c, n in zip(self.clusters, self.sizes, strict=True):
-            expected = OBS_SCHEMA.centralised_dim(n)
+            expected = self.schema.centralised_dim(n)
             if c.observation_space.shape != (expected,):
                 raise ValueError(
                     f"a cluster declared with {n} workers has observation shape {c.observation_space.shape}, "
@@ -73,7 +78,7 @@ class PerWorkerVecEnv(VecEnv):
         if len(n_actions) != 1:
             raise ValueError(f"all clusters must share one action set, got sizes {sorted(n_actions)}")
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
-        obs_space = spaces.Box(-1.0, 1.0, (OBS_SCHEMA.per_worker_dim,), np.float32)
+        obs_space = spaces.Box(-1.0, 1.0, (self.schema.per_worker_dim,), np.float32)
         super().__init__(int(self.offsets[-1]), obs_space, spaces.Discrete(n_actions.pop()))
         self.actions: np.ndarray | None = None
 
@@ -89,7 +94,7 @@ class PerWorkerVecEnv(VecEnv):
         obs = np.empty((self.num_envs, *self.observation_space.shape), dtype=np.float32)
         for c, cluster in enumerate(self.clusters):
             lo, hi = self.offsets[c], self.offsets[c + 1]
-            obs[lo:hi] = split_centralised(cluster.reset()[0], self.sizes[c])
+            obs[lo:hi] = self.schema.split_centralised(cluster.reset()[0], self.sizes[c])
             for j in range(lo, hi):
                 self.reset_infos[j] = {"cluster": c, "worker": j - lo}
         self._reset_options()
@@ -109,11 +114,11 @@ class PerWorkerVecEnv(VecEnv):
             lo, hi, n = self.offsets[c], self.offsets[c + 1], self.sizes[c]
             c_obs, c_rew, c_done, c_infos = cluster.step_wait()
             info = c_infos[0]
-            obs[lo:hi] = split_centralised(c_obs[0], n)
+            obs[lo:hi] = self.schema.split_centralised(c_obs[0], n)
             rewards[lo:hi] = c_rew[0]
             dones[lo:hi] = c_done[0]
             truncated = bool(info.get("TimeLimit.truncated", False))
-            terminal = split_centralised(info["terminal_observation"], n) if c_done[0] else None
+            terminal = self.schema.split_centralised(info["terminal_observation"], n) if c_done[0] else None
             for w in range(n):
                 row = {"cluster": c, "worker": w, "TimeLimit.truncated": truncated}
                 if w == 0:  # the cluster's own info once, on its first worker

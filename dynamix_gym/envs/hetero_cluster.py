@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from dynamix_gym.backend import Backend, IntervalReport
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import OBS_SCHEMA, ObservationEncoder, split_centralised
+from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 
 ACTION_MODES = ("delta", "absolute", "continuous")
 DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
@@ -134,8 +134,10 @@ class HeteroClusterEnv(gym.Env):
         backend: Backend | None = None,
         sim_kwargs: dict[str, Any] | None = None,
         profile: Any = None,
+        obs_schema: int | str = 1,
     ) -> None:
         super().__init__()
+        self.obs_schema = get_schema(check_schema_version("obs_schema", obs_schema))
         if action_mode not in ACTION_MODES:
             raise ValueError(f"unknown action_mode {action_mode!r}; choose one of {list(ACTION_MODES)}")
         if isinstance(interval, bool) or not isinstance(interval, int | np.integer) or interval < 1:
@@ -165,11 +167,11 @@ class HeteroClusterEnv(gym.Env):
         self.action_mode = action_mode
         self.max_decisions = max_decisions
         self.time_budget_s = float(time_budget_s) if time_budget_s is not None else backend.spec.time_budget_s
-        self.encoder = ObservationEncoder(backend.spec, window=window)
+        self.encoder = make_encoder(self.obs_schema.version, backend.spec, window=window)
 
         n = backend.spec.num_workers
         self.num_workers = n
-        self.observation_space = spaces.Box(-1.0, 1.0, (OBS_SCHEMA.centralised_dim(n),), np.float32)
+        self.observation_space = spaces.Box(-1.0, 1.0, (self.obs_schema.centralised_dim(n),), np.float32)
         if action_mode == "delta":
             self.action_space = spaces.MultiDiscrete(np.full(n, self.action_set.size, dtype=np.int64))
         elif action_mode == "absolute":
@@ -300,7 +302,7 @@ class HeteroClusterEnv(gym.Env):
 
     def per_worker_observations(self) -> np.ndarray:
         """(N, Fw + Fg): the current observation as one row per worker (shared-policy form)."""
-        return split_centralised(self._obs_vec, self.num_workers)
+        return self.obs_schema.split_centralised(self._obs_vec, self.num_workers)
 
     def set_backend(self, backend: Backend) -> None:
         """Swap the backend between episodes (same number of workers; delta or continuous mode)."""
@@ -314,7 +316,7 @@ class HeteroClusterEnv(gym.Env):
         self.backend = backend
         self.spec_backend = backend.spec
         self.time_budget_s = backend.spec.time_budget_s
-        self.encoder = ObservationEncoder(backend.spec, window=self.encoder.window)
+        self.encoder = make_encoder(self.obs_schema.version, backend.spec, window=self.encoder.window)
 
     def _info(self, report: IntervalReport, clipped: list, terms: dict[str, float]) -> dict[str, Any]:
         return {

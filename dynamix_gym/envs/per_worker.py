@@ -9,7 +9,6 @@ import numpy as np
 from gymnasium import spaces
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.schema import OBS_SCHEMA
 
 
 class PerWorkerEnv(gym.Env):
@@ -48,7 +47,8 @@ class PerWorkerEnv(gym.Env):
             raise ValueError("PerWorkerEnv supports action_mode='delta' only")
         self.cluster_env = HeteroClusterEnv(**{**kwargs, "action_mode": "delta"})
         self.num_workers = self.cluster_env.num_workers
-        self.observation_space = spaces.Box(-1.0, 1.0, (OBS_SCHEMA.per_worker_dim,), np.float32)
+        dim = self.cluster_env.obs_schema.per_worker_dim
+        self.observation_space = spaces.Box(-1.0, 1.0, (dim,), np.float32)
         self.action_space = spaces.Discrete(self.cluster_env.action_set.size)
         self._turn = 0
         self._pending = np.zeros(self.num_workers, dtype=np.int64)

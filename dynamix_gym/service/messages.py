@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec, IntervalReport
-from dynamix_gym.schema import SCHEMA_VERSION
+from dynamix_gym.schema import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
 
 #: The largest job a service accepts (workers); bounds every per-worker array of a message.
@@ -117,11 +117,11 @@ def check_register(req: pb.RegisterRequest) -> None:
     """Refuse a registration whose job id, schema, interval or spec is malformed."""
     if not JOB_ID.match(req.job_id):
         raise FieldError("job_id", f"must be 1-64 characters of [A-Za-z0-9._-], got {req.job_id[:80]!r}")
-    if req.schema_version != SCHEMA_VERSION:
+    if req.schema_version not in SCHEMA_VERSIONS:
         raise FieldError(
             "schema_version",
-            f"the service encodes observation schema {SCHEMA_VERSION!r}, the job speaks "
-            f"{req.schema_version[:16]!r}; upgrade the client (dynamix_gym) to the service's version",
+            f"the service encodes observation schemas {list(SCHEMA_VERSIONS)}, the job speaks "
+            f"{req.schema_version[:16]!r}; run a client (dynamix_gym) of the service's version",
         )
     if not 1 <= req.interval <= 100_000:
         raise FieldError("interval", f"must lie in [1, 100000] iterations, got {req.interval}")

@@ -41,7 +41,7 @@ from dynamix_gym.backend import BackendSpec
 from dynamix_gym.bundle import BundleMismatchError, PolicyBundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import split_centralised
+from dynamix_gym.schema import get_schema, split_centralised
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import (
@@ -85,6 +85,12 @@ class PolicyStore:
     def __init__(self, bundles: dict[str, PolicyBundle], default: str | None = None) -> None:
         if not bundles:
             raise ValueError("the arbitrator needs at least one bundle")
+        for name, b in bundles.items():
+            mode = getattr(b.meta, "action_mode", "delta")
+            if mode != "delta":
+                raise BundleMismatchError(
+                    f"bundle {name!r} ({b.path}) emits {mode!r} actions; the arbitrator serves delta-action bundles"
+                )
         self._lock = threading.Lock()
         self._policies = {name: ServedPolicy(name, 0, b, bundle_reward(b)) for name, b in bundles.items()}
         self.default = default or next(iter(bundles))
@@ -119,7 +125,7 @@ def policy_step(
     """
     bundle = served.bundle
     per_worker = bundle.meta.obs_form == "per_worker"
-    rows = split_centralised(obs, n) if per_worker else obs[None, :]
+    rows = split_centralised(obs, n, get_schema(bundle.meta.schema_version)) if per_worker else obs[None, :]
     if bundle.obs_norm is not None:
         rows = bundle.obs_norm(rows)
     policy = bundle.model.policy
@@ -269,7 +275,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"bundle {served.name!r} is a centralised policy for {meta.num_workers} workers; "
                     f"the job has {spec.num_workers}"
                 )
-            env = HeteroClusterEnv(backend=_SpecBackend(spec), interval=int(request.interval))
+            env = HeteroClusterEnv(
+                backend=_SpecBackend(spec), interval=int(request.interval), obs_schema=meta.schema_version
+            )
         except (FieldError, ValueError) as e:
             code = (
                 grpc.StatusCode.FAILED_PRECONDITION

@@ -101,7 +101,9 @@ def test_registration_checks(reports):
     bad = pb.RegisterRequest()
     bad.CopyFrom(ok)
     bad.schema_version = "0"
-    with pytest.raises(FieldError, match="schema_version: the service encodes observation schema '1'"):
+    with pytest.raises(
+        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2'\\]"
+    ):
         check_register(bad)
     bad.CopyFrom(ok)
     bad.job_id = "a b/../c"

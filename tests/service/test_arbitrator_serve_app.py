@@ -96,3 +96,15 @@ def test_service_killed_mid_run_restarts_and_the_job_trains_on(tmp_path):
     assert after == 10 and len(received) >= 20 and client.counts["registers"] >= 2
     assert set(received) <= set(logged)  # every decision a client got was logged first
     assert len(set(logged) - set(received)) <= 1  # at most the one in flight at the kill
+
+
+def test_bundles_the_service_cannot_drive_are_refused(bundle):
+    from dataclasses import replace
+
+    from dynamix_gym.bundle import BundleMismatchError, PolicyBundle
+
+    scale = PolicyBundle(
+        bundle.path, replace(bundle.meta, action_mode="scale"), bundle.model, bundle.obs_norm
+    )
+    with pytest.raises(BundleMismatchError, match="serves delta-action bundles"):
+        PolicyStore({"s": scale})

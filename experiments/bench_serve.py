@@ -360,7 +360,14 @@ def stage_kill(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
 
     def fault(procs) -> None:
         t0 = time.monotonic()
-        time.sleep(float(cfg.kill_after_s))
+        log_file = folder / "transitions.jsonl"
+        # kill once the jobs are well under way: after kill_after_decisions logged decisions
+        while time.monotonic() - t0 < float(cfg.max_client_s) / 2:
+            text = log_file.read_bytes() if log_file.exists() else b""
+            if text.count(b'"kind":"decision"') >= int(cfg.kill_after_decisions):
+                break
+            time.sleep(0.2)
+        events["decisions_before_kill"] = text.count(b'"kind":"decision"')
         svc.kill()  # SIGKILL: no shutdown, no flush beyond what each decision already did
         events["killed_at_s"] = time.monotonic() - t0
         time.sleep(float(cfg.down_s))

@@ -6,7 +6,10 @@ cluster's reward. The policy never sees the cluster size in its input shape, so 
 4-worker clusters drives 8, 16 or 32 workers unchanged.
 
 Each cluster runs in its own single-env SB3 VecEnv: ``DummyVecEnv`` (in-process, the default) or
-``SubprocVecEnv`` (one process per cluster). Clusters may differ in size.
+``SubprocVecEnv`` (one process per cluster). Clusters may differ in size; they share one
+observation schema, one discrete action mode (``delta`` or ``scale``) and one action set.
+``env_method("action_masks")`` (what sb3-contrib's ``MaskablePPO`` calls) answers each worker's
+row of its cluster's mask, so masked PPO trains on the per-worker form as it does on one env.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from gymnasium import spaces
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
-from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.envs.hetero_cluster import DISCRETE_ACTION_MODES, HeteroClusterEnv
 from dynamix_gym.schema import get_schema
 
 
@@ -28,7 +31,8 @@ class PerWorkerVecEnv(VecEnv):
     """Sub-environment ``j`` is worker ``j - offsets[c]`` of cluster ``c``.
 
     Args:
-        env_fns: callables building :class:`HeteroClusterEnv` instances (``delta`` action mode).
+        env_fns: callables building :class:`HeteroClusterEnv` instances (``delta`` or ``scale``
+            action mode).
         sizes: the number of workers each callable's cluster has (needed up front when clusters
             live in subprocesses; inferred in-process when omitted).
         subprocess: run each cluster in its own process (``SubprocVecEnv``).
@@ -50,9 +54,10 @@ class PerWorkerVecEnv(VecEnv):
             self.clusters = [DummyVecEnv([fn]) for fn in env_fns]
             for c in self.clusters:
                 inner = c.envs[0].unwrapped
-                if not isinstance(inner, HeteroClusterEnv) or inner.action_mode != "delta":
+                if not isinstance(inner, HeteroClusterEnv) or inner.action_mode not in DISCRETE_ACTION_MODES:
                     raise ValueError(
-                        "PerWorkerVecEnv needs HeteroClusterEnv instances in action_mode='delta'"
+                        f"PerWorkerVecEnv needs HeteroClusterEnv instances in action_mode in "
+                        f"{list(DISCRETE_ACTION_MODES)}"
                     )
             sizes = [c.envs[0].unwrapped.num_workers for c in self.clusters]
         self.sizes = [int(s) for s in sizes]
@@ -72,11 +77,20 @@ class PerWorkerVecEnv(VecEnv):
                 )
             if not isinstance(c.action_space, spaces.MultiDiscrete):
                 raise ValueError(
-                    "PerWorkerVecEnv needs clusters in action_mode='delta' (MultiDiscrete actions)"
+                    f"PerWorkerVecEnv needs clusters in action_mode in {list(DISCRETE_ACTION_MODES)} "
+                    "(MultiDiscrete actions)"
                 )
         n_actions = {int(c.action_space.nvec[0]) for c in self.clusters}
         if len(n_actions) != 1:
             raise ValueError(f"all clusters must share one action set, got sizes {sorted(n_actions)}")
+        modes = {c.get_attr("action_mode")[0] for c in self.clusters}
+        sets = {tuple(np.asarray(c.get_attr("action_set")[0]).tolist()) for c in self.clusters}
+        if len(modes) != 1 or len(sets) != 1:
+            raise ValueError(
+                f"all clusters must share one action mode and set, got modes {sorted(modes)} and sets "
+                f"{sorted(sets)}"
+            )
+        self.action_mode = modes.pop()
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         obs_space = spaces.Box(-1.0, 1.0, (self.schema.per_worker_dim,), np.float32)
         super().__init__(int(self.offsets[-1]), obs_space, spaces.Discrete(n_actions.pop()))
@@ -141,9 +155,19 @@ class PerWorkerVecEnv(VecEnv):
         for c in sorted({self._cluster_index(i) for i in self._get_indices(indices)}):
             self.clusters[c].set_attr(attr_name, value)
 
+    def has_attr(self, attr_name: str) -> bool:
+        return all(c.has_attr(attr_name) for c in self.clusters)
+
+    def action_masks(self) -> np.ndarray:
+        """(num_envs, len(action_set)) bool: each sub-env's (worker's) legal steps."""
+        return np.concatenate([c.env_method("action_mask_matrix")[0] for c in self.clusters])
+
     def env_method(
         self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs
     ) -> list[Any]:
+        if method_name == "action_masks":  # a worker's own row, not its cluster's flat mask
+            masks = self.action_masks()
+            return [masks[i] for i in self._get_indices(indices)]
         return [
             self.clusters[self._cluster_index(i)].env_method(method_name, *method_args, **method_kwargs)[0]
             for i in self._get_indices(indices)

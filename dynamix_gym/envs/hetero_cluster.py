@@ -14,8 +14,13 @@ from dynamix_gym.backend import Backend, IntervalReport
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 
-ACTION_MODES = ("delta", "absolute", "continuous")
+ACTION_MODES = ("delta", "absolute", "continuous", "scale")
+#: the discrete modes: one step of ``action_set`` per worker, with :meth:`HeteroClusterEnv.action_masks`
+DISCRETE_ACTION_MODES = ("delta", "scale")
 DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
+#: scale mode: worker i's local batch becomes round(b_i * factor); the default factors are
+#: symmetric in octaves (x1/2 <-> x2, x4/5 <-> x5/4) and keep 1 (no change), which is never masked.
+DEFAULT_SCALE_SET = (0.5, 0.8, 1.0, 1.25, 2.0)
 #: continuous mode: action a in [-1, 1] scales each local batch by 1 + CONTINUOUS_SCALE * a.
 CONTINUOUS_SCALE = 0.2
 
@@ -126,7 +131,7 @@ class HeteroClusterEnv(gym.Env):
         interval: int = 50,
         workers: int | None = None,
         action_mode: str = "delta",
-        action_set: Sequence[int] = DEFAULT_ACTION_SET,
+        action_set: Sequence[float] | None = None,
         max_decisions: int | None = None,
         time_budget_s: float | None = None,
         initial_batch: int | None = None,
@@ -144,9 +149,7 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError(f"interval (K iterations per step) must be an integer >= 1, got {interval!r}")
         if max_decisions is not None and max_decisions < 1:
             raise ValueError(f"max_decisions must be >= 1 or None, got {max_decisions!r}")
-        self.action_set = np.array([int(a) for a in action_set], dtype=np.int64)
-        if self.action_set.size < 2 or len(set(self.action_set.tolist())) != self.action_set.size:
-            raise ValueError(f"action_set needs at least two distinct deltas, got {list(action_set)}")
+        self.action_set = _check_action_set(action_mode, action_set)
         if backend is None:
             from dynamix_gym.backends.sim_backend import SimBackend
 
@@ -172,7 +175,7 @@ class HeteroClusterEnv(gym.Env):
         n = backend.spec.num_workers
         self.num_workers = n
         self.observation_space = spaces.Box(-1.0, 1.0, (self.obs_schema.centralised_dim(n),), np.float32)
-        if action_mode == "delta":
+        if action_mode in DISCRETE_ACTION_MODES:
             self.action_space = spaces.MultiDiscrete(np.full(n, self.action_set.size, dtype=np.int64))
         elif action_mode == "absolute":
             lo = backend.spec.min_batch.astype(np.float32)
@@ -265,7 +268,8 @@ class HeteroClusterEnv(gym.Env):
         # Range checks through Python lists: cheaper than numpy reductions on a few workers.
         kind = a.dtype.kind
         values = a.tolist()
-        if self.action_mode == "delta":
+        discrete = self.action_mode in DISCRETE_ACTION_MODES
+        if discrete:
             whole = kind in "iu" or (kind == "f" and all(math.isfinite(v) and v == int(v) for v in values))
             ok = whole and min(values) >= 0 and max(values) < self.action_set.size
         else:
@@ -276,6 +280,10 @@ class HeteroClusterEnv(gym.Env):
         spec = self.backend.spec
         if self.action_mode == "delta":
             requested = self.batches + self.action_set[a.astype(np.int64, copy=False)]
+        elif self.action_mode == "scale":
+            requested = np.rint(self.batches * self.action_set[a.astype(np.int64, copy=False)]).astype(
+                np.int64
+            )
         elif self.action_mode == "absolute":
             requested = np.rint(a.astype(np.float64)).astype(np.int64)
         else:
@@ -293,6 +301,31 @@ class HeteroClusterEnv(gym.Env):
             ]
         return applied, clipped
 
+    def action_mask_matrix(self) -> np.ndarray:
+        """(N, len(action_set)) bool: step j is legal for worker i when it keeps the worker's local
+        batch within [min_batch_i, max_batch_i] (discrete modes; computed from the batches in force)."""
+        if self.action_mode not in DISCRETE_ACTION_MODES:
+            raise ValueError(
+                f"action masks exist in the discrete action modes {list(DISCRETE_ACTION_MODES)}; this env "
+                f"is in {self.action_mode!r} mode"
+            )
+        if not self._reset_done:
+            raise RuntimeError("HeteroClusterEnv.action_masks() called before reset()")
+        b = self.batches[:, None]
+        if self.action_mode == "delta":
+            candidate = b + self.action_set[None, :]
+        else:
+            candidate = np.rint(b * self.action_set[None, :])
+        spec = self.backend.spec
+        return (candidate >= spec.min_batch[:, None]) & (candidate <= spec.max_batch[:, None])
+
+    def action_masks(self) -> np.ndarray:
+        """The legal steps as one flat bool vector of ``N * len(action_set)`` entries (worker 0's
+        steps first): the form sb3-contrib's ``MaskablePPO`` reads for a ``MultiDiscrete`` space.
+        An unmasked illegal step is still clipped to the worker's range and listed in
+        ``info["clipped"]``."""
+        return self.action_mask_matrix().reshape(-1)
+
     def _observe(self, report: IntervalReport) -> None:
         self.last_report = report
         self._obs_vec = self.encoder.encode(report)
@@ -305,7 +338,7 @@ class HeteroClusterEnv(gym.Env):
         return self.obs_schema.split_centralised(self._obs_vec, self.num_workers)
 
     def set_backend(self, backend: Backend) -> None:
-        """Swap the backend between episodes (same number of workers; delta or continuous mode)."""
+        """Swap the backend between episodes (same number of workers; not in absolute mode)."""
         if backend.spec.num_workers != self.num_workers:
             raise ValueError(
                 f"the new backend has {backend.spec.num_workers} workers, this env has {self.num_workers}"
@@ -328,3 +361,28 @@ class HeteroClusterEnv(gym.Env):
             "val_accuracy": report.val_accuracy,
             "decisions": self.decisions,
         }
+
+
+def _check_action_set(action_mode: str, action_set: Sequence[float] | None) -> np.ndarray:
+    """The action set of a mode as an array (deltas: int64; factors: float64), or a ValueError."""
+    if action_mode == "scale":
+        values = list(DEFAULT_SCALE_SET if action_set is None else action_set)
+        try:
+            factors = np.array([float(a) for a in values], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"action_set (scale factors) must be numbers, got {values!r}") from None
+        if factors.size < 2 or len(set(factors.tolist())) != factors.size:
+            raise ValueError(f"action_set needs at least two distinct scale factors, got {values}")
+        if not np.all(np.isfinite(factors) & (factors > 0.0)):
+            raise ValueError(f"action_set (scale factors) must be finite and > 0, got {values}")
+        if 1.0 not in factors.tolist():
+            raise ValueError(
+                f"action_set (scale factors) must contain 1 (keep the batch), so that a worker always has "
+                f"a legal step; got {values}"
+            )
+        return factors
+    values = list(DEFAULT_ACTION_SET if action_set is None else action_set)
+    deltas = np.array([int(a) for a in values], dtype=np.int64)
+    if deltas.size < 2 or len(set(deltas.tolist())) != deltas.size:
+        raise ValueError(f"action_set needs at least two distinct deltas, got {values}")
+    return deltas

@@ -55,6 +55,8 @@ def _controller(spec: dict[str, Any], env_kwargs: dict[str, Any]) -> tuple[Any, 
     if kind == "fixed":
         counts = dict(spec["counts"])
         return FixedAllocation(counts, label=spec["name"]), {**kw, "initial_allocation": counts}
+    if kind == "fixed_target":  # the same target, reached from the pool's initial allocation
+        return FixedAllocation(dict(spec["counts"]), label=spec["name"]), kw
     if kind == "learned":
         algo_form = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}[spec["algo"]]
         kw = {**kw, "action_form": algo_form}
@@ -167,12 +169,15 @@ def _plot(path: Path, timelines: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for name in dict.fromkeys(t["controller"] for t in timelines):
+    styles = ("-", "--", ":", "-.")
+    for i, name in enumerate(dict.fromkeys(t["controller"] for t in timelines)):
         rows = [t for t in timelines if t["controller"] == name]
         x = [r["wall_time_s"] / 60 for r in rows]
-        ax1.step(x, [r["gpus"] for r in rows], where="post", label=name)
-        ax2.plot(x, [r["spend_usd"] for r in rows], label=name)
+        ls, lw = styles[i % len(styles)], 2.5 - 0.5 * (i % 3)
+        ax1.step(x, [r["gpus"] for r in rows], where="post", label=name, linestyle=ls, linewidth=lw)
+        ax2.plot(x, [r["spend_usd"] for r in rows], label=name, linestyle=ls, linewidth=lw)
     ax1.set_ylabel("GPUs held")
+    ax1.set_title("seed 0 (held out): GPUs held and dollars spent")
     ax2.set_ylabel("spend ($)")
     ax2.set_xlabel("wall time (min)")
     ax1.legend(fontsize=8)

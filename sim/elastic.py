@@ -4,8 +4,10 @@ the second, loses spot GPUs to preemptions and restarts its process group whenev
 The job wraps a :class:`sim.engine.Simulator` built on every slot of the pool; the slots it does not
 hold are outside the training group (the engine's ``held`` mask). Spot preemptions are SimPy
 processes on the simulator's clock, so a loss splits an interval exactly where it falls, as any
-fault does; their draws come from their own child stream of the run's generator, so they unfold
-identically whatever a controller holds (a preemption falls on a slot only if it is held then).
+fault does. Their draws come from their own child stream of the run's generator, one candidate
+time after another per spot slot (Poisson thinning: a candidate preempts the slot only if the job
+holds it then), so the other faults and the noise unfold identically whatever a controller holds,
+and a slot's candidates shift only after it was itself preempted.
 
     spend_usd(t)  = sum over held periods [t0, t1) of slot price_usd_per_gpu_hour * (t1 - t0) / 3600
     restart       : every change of the held set stalls the job pool.restart_s (re-forming the group

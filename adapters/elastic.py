@@ -20,6 +20,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,46 @@ class ElasticDDPBackend:
         return final
 
 
+def run_elastic(
+    config: RealDDPConfig,
+    decide: Callable[[IntervalReport | None, int], int],
+    intervals: int,
+    *,
+    global_batch: int,
+    iterations: int,
+    seed: int = 0,
+    max_workers: int = 8,
+) -> dict[str, Any]:
+    """Train ``intervals`` intervals at a constant ``global_batch``; before each one
+    ``decide(last_report, world_size)`` (a policy: ``None`` before the first interval) returns the
+    world size to train it at, and the group is re-formed from the checkpoint when that changes.
+    Returns the final validation accuracy, the accuracy and world size of every interval and the
+    measured restarts. Every rank is reaped before it returns, also when ``decide`` raises."""
+    cfg = replace(config, initial_batch=None)
+    backend = ElasticDDPBackend(cfg, max_workers=max_workers)
+    accuracy: list[float] = []
+    sizes: list[int] = []
+    report: IntervalReport | None = None
+    try:
+        backend.reset(seed=seed)
+        for _ in range(int(intervals)):
+            n = int(decide(report, backend.world_size))
+            backend.resize(n)
+            split = split_global_batch(global_batch, n, cfg.min_batch, cfg.max_batch)
+            report = backend.run_interval(np.array(split, dtype=np.int64), iterations)
+            accuracy.append(float(report.val_accuracy))
+            sizes.append(n)
+        return {
+            "final_accuracy": accuracy[-1] if accuracy else float("nan"),
+            "accuracy": accuracy,
+            "world_sizes": sizes,
+            "restarts": list(backend.restarts),
+            "wall_time_s": float(backend.inner.wall_time_s()),
+        }
+    finally:
+        backend.close()
+
+
 def run_schedule(
     config: RealDDPConfig,
     world_sizes: list[int],
@@ -177,28 +218,16 @@ def run_schedule(
     seed: int = 0,
     max_workers: int = 8,
 ) -> dict[str, Any]:
-    """Train one interval per entry of ``world_sizes`` at a constant ``global_batch``, resizing the
-    group whenever the entry changes; returns the final validation accuracy, the accuracy after
-    every interval and the measured restarts. Every rank is reaped before it returns."""
-    first = int(world_sizes[0])
-    cfg = replace(config, workers=first, initial_batch=None)
-    backend = ElasticDDPBackend(cfg, max_workers=max_workers)
-    accuracy: list[float] = []
-    sizes: list[int] = []
-    try:
-        backend.reset(seed=seed)
-        for n in world_sizes:
-            backend.resize(int(n))
-            split = split_global_batch(global_batch, int(n), cfg.min_batch, cfg.max_batch)
-            report = backend.run_interval(np.array(split, dtype=np.int64), iterations)
-            accuracy.append(float(report.val_accuracy))
-            sizes.append(int(n))
-        return {
-            "final_accuracy": accuracy[-1],
-            "accuracy": accuracy,
-            "world_sizes": sizes,
-            "restarts": list(backend.restarts),
-            "wall_time_s": float(backend.inner.wall_time_s()),
-        }
-    finally:
-        backend.close()
+    """:func:`run_elastic` with the world size of every interval given in advance."""
+    sizes = [int(n) for n in world_sizes]
+    first = replace(config, workers=sizes[0])
+    step = iter(sizes)
+    return run_elastic(
+        first,
+        lambda _report, _world: next(step),
+        len(sizes),
+        global_batch=global_batch,
+        iterations=iterations,
+        seed=seed,
+        max_workers=max_workers,
+    )

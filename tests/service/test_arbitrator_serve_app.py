@@ -108,3 +108,12 @@ def test_bundles_the_service_cannot_drive_are_refused(bundle):
     )
     with pytest.raises(BundleMismatchError, match="serves delta-action bundles"):
         PolicyStore({"s": scale})
+
+
+def test_serve_with_learning_starts_listens_and_stops_by_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNAMIX_ARBITRATOR_TOKEN", TOKEN)
+    stats = serve(_cfg("learn=true", "port=0", "max_runtime_s=1.0", f"log_dir={tmp_path}"), out_dir=tmp_path)
+    assert stats == {} or "decisions" not in stats
+    assert (tmp_path / "endpoint.json").exists() and (tmp_path / "stats.json").exists()
+    lineage = (tmp_path / "versions" / "lineage.json").read_text()
+    assert '"status": "promoted"' in lineage  # version 0, the pretrained bundle

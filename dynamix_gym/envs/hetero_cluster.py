@@ -44,8 +44,19 @@ class HeteroClusterEnv(gym.Env):
     (rounded to an integer), so rule-based controllers are not limited to delta steps.
     ``"continuous"``: ``Box(-1, 1, (N,))``: local batch scaled by ``1 + 0.2 a_i``, i.e. within
     [0.8, 1.2], rounded and clipped like delta actions.
+    ``"scale"``: ``MultiDiscrete([len(action_set)] * N)``; worker i's local batch becomes
+    ``round(b_i * action_set[a_i])`` (default factors x{1/2, 4/5, 1, 5/4, 2}; the set must hold 1),
+    steps that mean the same on every workload's batch range.
+    In the discrete modes (``delta``, ``scale``) :meth:`action_masks` gives the steps that keep each
+    worker within [min batch, memory cap], flat as sb3-contrib's ``MaskablePPO`` reads them
+    (:meth:`action_mask_matrix`: one row per worker); an unmasked step outside is clipped and listed
+    in ``info["clipped"]``.
 
     ## Observation Space
+    ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
+    float32)``, table in :mod:`dynamix_gym.schema_v2` (batches against the worker's range and the
+    noise scale, times and throughput as trends against the run's first interval, gradient
+    statistics as ratios). Default, schema 1:
     ``Box(-1, 1, (N * 19 + 13,), float32)``: the 19 per-worker features of every worker, then the
     13 global features, each clipped to its raw range and mapped onto [-1, 1]
     (:data:`dynamix_gym.OBS_SCHEMA`; version 1):
@@ -107,8 +118,10 @@ class HeteroClusterEnv(gym.Env):
     ## Arguments
     ``gymnasium.make("dynamix/HeteroCluster-v0", cluster=None, workload=None,
     scenario="static_hetero", reward="dynamix", interval=50, workers=None, action_mode="delta",
-    action_set=(-100, -25, 0, 25, 100), max_decisions=None, time_budget_s=None,
-    initial_batch=None, window=4, backend=None, sim_kwargs=None, profile=None)``. ``workers=N``
+    action_set=None, max_decisions=None, time_budget_s=None, initial_batch=None, window=4,
+    backend=None, sim_kwargs=None, profile=None, obs_schema=1)``. ``action_set=None`` is the
+    mode's default (deltas (-100, -25, 0, 25, 100); factors (0.5, 0.8, 1, 1.25, 2) in ``scale``
+    mode); ``obs_schema`` is 1 (absolute, DYNAMIX's) or 2 (scale-free). ``workers=N``
     builds the default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`)
     replaces the simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or
     a config. ``profile`` (a calibrated cluster profile's path or name, :mod:`sim.calibration`)
@@ -117,7 +130,9 @@ class HeteroClusterEnv(gym.Env):
 
     ## Version History
     * v0: initial version (observation schema 1); a workload's metric may fall (WER, loss): the
-      observation, reward and target see it as a rising quality (same dynamics for accuracy).
+      observation, reward and target see it as a rising quality (same dynamics for accuracy);
+      opt-in, defaults unchanged: ``obs_schema=2`` (scale-free observations) and
+      ``action_mode="scale"`` with :meth:`action_masks`.
     """
 
     metadata = {"render_modes": []}

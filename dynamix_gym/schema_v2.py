@@ -40,7 +40,7 @@ Per-worker observation (``self.*`` then ``global.*``; :data:`OBS_SCHEMA_V2`):
 | 15 | global.progress_gain | fraction | [-0.5, 0.5] | quality gain over `window` intervals / (target - first quality) |
 | 16 | global.val_loss_trend | log2(ratio) | [-8, 2] | validation loss / first interval's |
 | 17 | global.noise_to_batch | log2(ratio) | [-12, 12] | noise-scale estimate / global batch |
-| 18 | global.noise_scale_trend | log2(ratio) | [-8, 8] | noise-scale estimate / the run's first estimate |
+| 18 | global.noise_scale_trend | log2(ratio) | [-8, 8] | noise-scale estimate / the run's first unsaturated estimate |
 | 19 | global.global_batch_position | fraction | [0, 1] | global batch in octaves between the live workers' summed min and max |
 | 20 | global.time_used | fraction | [0, 1.5] | wall time / episode time budget |
 | 21 | global.interval_time_trend | log2(ratio) | [-8, 8] | interval wall time / the run's first interval's |
@@ -55,8 +55,10 @@ Per-worker observation (``self.*`` then ``global.*``; :data:`OBS_SCHEMA_V2`):
 A dead worker (``alive`` false) reads 0 for compute share, idle fraction and CPU change, and the
 lowest value of speed ratio and trend, network share and the three gradient-norm features; means
 are over live workers. A reference ("first") value is taken from the first interval in which it is
-defined (a worker's first live interval, the first noise-scale estimate); until then its trend
-reads 0. Before the first noise-scale estimate the workload's base batch stands in for it.
+defined (a worker's first live interval; the first noise-scale estimate below
+:data:`~dynamix_gym.stats.MAX_NOISE_SCALE`: while the gradient noise dwarfs the batch, the
+two-batch estimate of |G|^2 is at or below 0 and the estimate sits at that cap); until then its
+trend reads 0. Before the first noise-scale estimate the workload's base batch stands in for it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import numpy as np
 
 from dynamix_gym.backend import BackendSpec
 from dynamix_gym.schema import Feature, ObservationSchema
-from dynamix_gym.stats import NoiseScaleEstimator
+from dynamix_gym.stats import MAX_NOISE_SCALE, NoiseScaleEstimator
 from sim.network import TCP_MSS_BYTES
 from sim.report import IntervalReport
 
@@ -114,7 +116,13 @@ GLOBAL_FEATURES_V2: tuple[Feature, ...] = (
     ),
     Feature("val_loss_trend", "log2(ratio)", -8.0, 2.0, "validation loss / the run's first interval's"),
     Feature("noise_to_batch", "log2(ratio)", -12.0, 12.0, "noise scale estimate / global batch"),
-    Feature("noise_scale_trend", "log2(ratio)", -8.0, 8.0, "noise scale estimate / the run's first estimate"),
+    Feature(
+        "noise_scale_trend",
+        "log2(ratio)",
+        -8.0,
+        8.0,
+        "noise scale estimate / the run's first unsaturated estimate",
+    ),
     Feature(
         "global_batch_position",
         "fraction",
@@ -307,7 +315,7 @@ class ScaleFreeEncoder:
             self._it0 = iter_mean
         if self._tput0 is None and report.samples > 0:
             self._tput0 = tput
-        if self._bn0 is None and bn is not None:
+        if self._bn0 is None and bn is not None and bn < MAX_NOISE_SCALE:
             self._bn0 = max(bn, 1e-9)
         self._val_q.append(q)
         self._tput.append(tput)

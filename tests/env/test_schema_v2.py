@@ -150,7 +150,7 @@ class ReferenceV2:
         if self.tput0 is None and r.samples > 0:
             self.tput0 = tput
         bn = self.noise_scale()
-        if self.bn0 is None and bn is not None:
+        if self.bn0 is None and bn is not None and bn < MAX_NOISE_SCALE:
             self.bn0 = max(bn, 1e-9)
         self.val_q = [*self.val_q, q][-(self.window + 1) :]
         self.tput = [*self.tput, tput][-(self.window + 1) :]

@@ -7,6 +7,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import dynamix_gym  # noqa: F401  (registers the envs)
@@ -119,3 +121,29 @@ def test_an_episode_reports_time_and_dollars_to_accuracy():
             break
     assert term
     assert info["dollars_to_accuracy"] == pytest.approx(4 * 0.35 * info["time_to_accuracy_s"] / 3600.0)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    seed=st.integers(100, 10_000),
+    actions=st.lists(st.lists(st.integers(0, 4), min_size=5, max_size=5), min_size=1, max_size=8),
+)
+def test_any_action_sequence_keeps_the_pool_invariants(seed, actions):
+    """Whatever is asked: at least one GPU, never more than the pool has, spend never falls and
+    grows at most at the held GPUs' price, and every shortfall is listed."""
+    env = ElasticClusterEnv(action_form="multidiscrete", batch_action="none", max_decisions=12)
+    env.reset(seed=seed)
+    cap = env.job.capacity
+    spend, t = 0.0, 0.0
+    for a in actions:
+        _, _, term, trunc, info = env.step(np.array(a))
+        held = np.array(list(info["held_counts"].values()))
+        assert held.sum() >= 1 and np.all(held <= cap)
+        assert info["spend_usd"] >= spend
+        max_rate = float(env.job.slot_price.sum())
+        assert info["spend_usd"] - spend <= max_rate * (info["wall_time_s"] - t) / 3600.0 + 1e-9
+        spend, t = info["spend_usd"], info["wall_time_s"]
+        for d in info["denied"]:
+            assert abs(d["granted"]) < abs(d["requested"])
+        if term or trunc:
+            break

@@ -74,17 +74,21 @@ def test_training_goes_on_at_its_batches_when_the_service_is_down():
 def test_restart_mid_run_reconnects_and_keeps_the_log(bundle, tmp_path):
     log_path = tmp_path / "transitions.jsonl"
     running = Running(bundle, log_path)
-    job = JOBS[0]
+    job = JOBS[1]  # ncf: an episode longer than the test
     env = _env(job, "absolute")
-    client = ArbitratorClient(running.address, token=TOKEN, job_id="survivor", timeout_s=1.0, backoff_s=0.05)
+    client = ArbitratorClient(
+        running.address, token=TOKEN, job_id="survivor", timeout_s=1.0, backoff_s=0.02, max_backoff_s=0.1
+    )
     _, info = env.reset(seed=job["seed"])
     client.register(env.backend.spec, env.interval)
     got = []
-    for step in range(30):
+    for step in range(200):  # bounded; stops after 10 decisions from the restarted service
         if step == 10:
             running.stop()  # the service goes away ...
         if step == 15:
             running.start()  # ... and comes back on the same port, appending to the same log
+        if sum(got[15:]) >= 10:
+            break
         if step >= 15:
             time.sleep(0.02)  # let the channel reconnect (its back-off is short)
         new = client.decide(info["report"], env.unwrapped.batches)

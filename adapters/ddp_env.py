@@ -13,7 +13,16 @@ log = logging.getLogger(__name__)
 
 #: Keyword arguments that configure the env itself; all others configure the backend
 #: (:class:`adapters.config.RealDDPConfig`).
-ENV_KWARGS = ("reward", "interval", "action_mode", "action_set", "max_decisions", "time_budget_s", "window")
+ENV_KWARGS = (
+    "reward",
+    "interval",
+    "action_mode",
+    "action_set",
+    "max_decisions",
+    "time_budget_s",
+    "window",
+    "obs_schema",
+)
 
 
 def make_real_ddp_env(

@@ -431,3 +431,35 @@ def test_per_worker_vec_env_refuses_mixed_schemas():
         PerWorkerVecEnv(
             [lambda: HeteroClusterEnv(workers=2), lambda: HeteroClusterEnv(workers=2, obs_schema=2)]
         )
+
+
+# --- one interface: the real DDP backend's env takes the same schema ---------------------------------
+
+
+def test_the_real_ddp_env_factory_takes_obs_schema_and_the_scale_mode():
+    from adapters.ddp_env import make_real_ddp_env
+
+    env = make_real_ddp_env(workers=2, obs_schema=2, action_mode="scale")
+    try:
+        assert env.obs_schema is OBS_SCHEMA_V2 and env.observation_space.shape == (
+            OBS_SCHEMA_V2.centralised_dim(2),
+        )
+        assert env.action_mode == "scale"
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_a_real_ddp_run_encodes_schema2_and_takes_masked_scale_steps():
+    from adapters.ddp_env import make_real_ddp_env
+
+    env = make_real_ddp_env(workers=2, obs_schema=2, action_mode="scale", interval=2, max_decisions=2)
+    try:
+        obs, info = env.reset(seed=0)
+        assert env.observation_space.contains(obs) and info["report"].truth is None
+        masks = env.action_mask_matrix()
+        legal = np.array([int(np.flatnonzero(row)[-1]) for row in masks])  # the largest legal factor
+        obs, _, _, _, info = env.step(legal)
+        assert env.observation_space.contains(obs) and info["clipped"] == []
+    finally:
+        env.close()

@@ -25,9 +25,9 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import secrets
 import threading
 import time
-import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,7 +216,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         store: the served bundles.
         log_path: the append-only transition log (JSON lines); resumed after a restart.
         config: limits and modes.
-        rng: the generator of exploration draws and session ids.
+        rng: the generator of exploration draws (session ids come from the OS: :mod:`secrets`).
         learner: an :class:`~dynamix_gym.service.learner.OnlineLearner` or ``None``.
         clock: seconds, monotonic (tests inject one).
     """
@@ -295,7 +295,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         now = self.clock()
         next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
         session = Session(
-            id=uuid.UUID(bytes=self.rng.bytes(16), version=4).hex,
+            # From the OS, not the injected generator: a restarted service with the same seed must
+            # never hand out an id a job of the killed one still holds (nor may ids be guessable).
+            id=secrets.token_hex(16),
             job_id=request.job_id,
             task=request.task,
             policy_name=served.name,

@@ -150,3 +150,30 @@ def test_schema_mismatch_is_refused_with_a_clear_error(running):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "schema_version: the service encodes observation schemas ['1', '2']" in e.value.details()
     channel.close()
+
+
+def test_a_restarted_service_never_reissues_a_session_id_of_the_killed_one(bundle, tmp_path):
+    """Regression: ids drawn from the seeded generator repeated after a restart, so a job still
+    holding the killed service's id was served as another job (found by bench_serve's kill stage)."""
+    running = Running(bundle, tmp_path / "t.jsonl")
+    env4, env6 = _env(JOBS[0], "absolute"), _env(JOBS[1], "absolute")
+    _, info4 = env4.reset(seed=1)
+    env6.reset(seed=2)
+    old = ArbitratorClient(running.address, token=TOKEN, job_id="old", timeout_s=2.0, backoff_s=0.01)
+    old.register(env4.backend.spec, env4.interval)
+    assert old.decide(info4["report"], env4.unwrapped.batches) is not None
+    held = old.session
+    running.stop()
+    running.start()  # the same seed
+    new = ArbitratorClient(running.address, token=TOKEN, job_id="new", timeout_s=2.0)
+    new.register(env6.backend.spec, env6.interval)
+    assert new.session != held
+    got = None
+    for _ in range(50):  # bounded: the old job re-registers once the channel is back
+        got = old.decide(info4["report"], env4.unwrapped.batches)
+        if got is not None:
+            break
+        time.sleep(0.05)
+    running.stop()
+    assert got is not None and got.shape == (4,) and old.session != held
+    assert old.counts["registers"] == 2

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import logging
 import math
 from pathlib import Path
@@ -29,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dynamix_gym.elastic.baselines import FixedAllocation, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.elastic.hindsight import hindsight_fixed_allocation
 from dynamix_gym.elastic.training import load_elastic_bundle
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
 from sim.datafiles import atomic_write_text
@@ -83,19 +83,10 @@ def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]
 
 def _hindsight(cfg: dict[str, Any], env_kwargs: dict[str, Any], seeds: list[int], fastest: dict[int, float]):
     """Per seed, the cheapest fixed allocation (from the grid) within the time factor."""
-    offers = ElasticClusterEnv(**env_kwargs).offers
-    grid = [c for c in itertools.product(cfg["counts"], repeat=len(offers)) if sum(c) > 0]
     rows = []
     for seed in seeds:
-        best = None
-        for c in grid:
-            counts = {o: int(v) for o, v in zip(offers, c, strict=True) if v}
-            env = ElasticClusterEnv(**{**env_kwargs, "initial_allocation": counts})
-            r = run_elastic_episode(env, FixedAllocation(counts), seed)
-            if r["time_to_accuracy_s"] > cfg["time_factor"] * fastest[seed]:
-                continue
-            if best is None or r["dollars_to_accuracy"] < best["dollars_to_accuracy"]:
-                best = {**r, "allocation": counts}
+        limit = cfg["time_factor"] * fastest[seed]
+        best = hindsight_fixed_allocation(env_kwargs, seed, cfg["counts"], limit)
         if best is not None:
             rows.append(best)
             log.info("hindsight seed %d: %s", seed, best["allocation"])

@@ -9,6 +9,7 @@ import pytest
 from dynamix_gym.bundle import BundleMismatchError
 from dynamix_gym.elastic.baselines import ElasticSpec, FixedAllocation, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.elastic.hindsight import hindsight_fixed_allocation
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.elastic.training import ElasticTrainConfig, load_elastic_bundle, train_elastic
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
@@ -116,3 +117,21 @@ def test_a_tiny_run_writes_a_bundle_that_loads_and_refuses_other_spaces(tmp_path
     with pytest.raises(BundleMismatchError, match="action space"):
         load_elastic_bundle(tmp_path / "best", other)
     assert np.isfinite(r["spend_usd"])
+
+
+def test_the_hindsight_allocation_is_no_dearer_than_any_fixed_allocation_of_its_grid():
+    pool = spec_to_dict(get_pool("t4v100_spot"))
+    pool["node_types"] = pool["node_types"][:1]  # T4 only: offers T4/on_demand, T4/spot
+    pool["initial"] = [["T4/on_demand", 1]]
+    kw = {**ENV, "pool": pool}
+    best = hindsight_fixed_allocation(kw, 100, [0, 4])
+    assert best is not None
+    for alloc in ({"T4/spot": 4}, {"T4/on_demand": 4}):
+        r = run_elastic_episode(
+            ElasticClusterEnv(**kw, initial_allocation=alloc), FixedAllocation(alloc), 100
+        )
+        assert best["dollars_to_accuracy"] <= r["dollars_to_accuracy"] + 1e-12
+    limited = hindsight_fixed_allocation(kw, 100, [0, 4], time_limit_s=0.9 * best["time_to_accuracy_s"])
+    assert limited is None or limited["time_to_accuracy_s"] <= 0.9 * best["time_to_accuracy_s"]
+    with pytest.raises(ValueError, match=r"hindsight counts\[1\]"):
+        hindsight_fixed_allocation(kw, 100, [0, -1])

@@ -4,7 +4,7 @@ A bundle is a directory::
 
     bundle.json          schema version + feature names, action mode and set, observation form,
                          training config and metadata
-    model.zip            the Stable-Baselines3 PPO model
+    model.zip            the Stable-Baselines3 PPO model (or sb3-contrib MaskablePPO's: ``algorithm``)
     obs_norm.npz         observation normalisation statistics (VecNormalize's running mean / var)
 
 Loading a bundle yields a controller that evaluation and deployment use like any baseline. A
@@ -27,12 +27,15 @@ import numpy as np
 
 from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.envs.hetero_cluster import step_masks
 from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 
 BUNDLE_FORMAT = 1
 OBS_FORMS = ("per_worker", "centralised")
 #: The env action modes a bundle's policy may emit (discrete steps: deltas or factors).
 BUNDLE_ACTION_MODES = ("delta", "scale")
+#: The algorithm whose ``load`` reads model.zip; ``maskable_ppo`` policies get the legal steps.
+BUNDLE_ALGORITHMS = ("ppo", "maskable_ppo")
 
 
 class BundleMismatchError(ValueError):
@@ -51,12 +54,15 @@ class BundleMeta:
     config: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     action_mode: str = "delta"
+    algorithm: str = "ppo"
 
     def __post_init__(self) -> None:
         if self.obs_form not in OBS_FORMS:
             raise ValueError(f"obs_form must be one of {OBS_FORMS}, got {self.obs_form!r}")
         if self.action_mode not in BUNDLE_ACTION_MODES:
             raise ValueError(f"action_mode must be one of {BUNDLE_ACTION_MODES}, got {self.action_mode!r}")
+        if self.algorithm not in BUNDLE_ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {BUNDLE_ALGORITHMS}, got {self.algorithm!r}")
         self.schema_version = str(self.schema_version)
         if self.feature_names is None and self.schema_version in SCHEMA_VERSIONS:
             self.feature_names = get_schema(self.schema_version).per_worker_names()
@@ -131,7 +137,7 @@ def _jsonable(obj: Any) -> Any:
 class PolicyBundle:
     path: Path
     meta: BundleMeta
-    model: Any  # stable_baselines3.PPO
+    model: Any  # stable_baselines3.PPO or sb3_contrib.MaskablePPO (meta.algorithm)
     obs_norm: ObsNorm | None
 
 
@@ -163,7 +169,12 @@ def load_bundle(path: str | Path, device: str = "cpu") -> PolicyBundle:
             f"per-worker features that differ from that schema's {schema.per_worker_dim} "
             f"({schema.per_worker_names()[:3]} ...). Retrain or fine-tune the policy for this schema."
         )
-    model = PPO.load(path / "model.zip", device=device)
+    if meta.algorithm == "maskable_ppo":
+        from sb3_contrib import MaskablePPO
+
+        model = MaskablePPO.load(path / "model.zip", device=device)
+    else:
+        model = PPO.load(path / "model.zip", device=device)
     norm = None
     if (path / "obs_norm.npz").is_file():
         z = np.load(path / "obs_norm.npz")
@@ -240,6 +251,19 @@ class PPOController(BaseController):
             obs = self.schema.split_centralised(obs, self.spec.num_workers)
         if self.bundle.obs_norm is not None:
             obs = self.bundle.obs_norm(obs)
+        if self.bundle.meta.algorithm == "maskable_ppo":
+            # The legal steps from the batches in force and the spec alone (no env needed).
+            masks = step_masks(
+                self.action_mode,
+                np.asarray(self.action_set),
+                info["local_batches"],
+                self.spec.min_batch,
+                self.spec.max_batch,
+            )
+            if self.bundle.meta.obs_form == "centralised":
+                masks = masks.reshape(-1)
+            action, _ = self.bundle.model.predict(obs, deterministic=det, action_masks=masks)
+            return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None
         action, _ = self.bundle.model.predict(obs, deterministic=det)
         return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None
 

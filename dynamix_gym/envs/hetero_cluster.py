@@ -326,13 +326,8 @@ class HeteroClusterEnv(gym.Env):
             )
         if not self._reset_done:
             raise RuntimeError("HeteroClusterEnv.action_masks() called before reset()")
-        b = self.batches[:, None]
-        if self.action_mode == "delta":
-            candidate = b + self.action_set[None, :]
-        else:
-            candidate = np.rint(b * self.action_set[None, :])
         spec = self.backend.spec
-        return (candidate >= spec.min_batch[:, None]) & (candidate <= spec.max_batch[:, None])
+        return step_masks(self.action_mode, self.action_set, self.batches, spec.min_batch, spec.max_batch)
 
     def action_masks(self) -> np.ndarray:
         """The legal steps as one flat bool vector of ``N * len(action_set)`` entries (worker 0's
@@ -376,6 +371,25 @@ class HeteroClusterEnv(gym.Env):
             "val_accuracy": report.val_accuracy,
             "decisions": self.decisions,
         }
+
+
+def step_masks(
+    action_mode: str,
+    action_set: np.ndarray,
+    batches: np.ndarray,
+    min_batch: np.ndarray,
+    max_batch: np.ndarray,
+) -> np.ndarray:
+    """(N, len(action_set)) bool: which steps of a discrete mode keep each worker's batch in range.
+
+    ``delta``: b_i + d_j; ``scale``: round(b_i * f_j); legal when min_i <= new <= max_i. The env's
+    :meth:`HeteroClusterEnv.action_mask_matrix` and a deployed controller (which knows only the
+    batches in force and the backend's spec) share this one rule.
+    """
+    b = np.asarray(batches, dtype=np.int64)[:, None]
+    steps = np.asarray(action_set)[None, :]
+    candidate = b + steps if action_mode == "delta" else np.rint(b * steps)
+    return (candidate >= np.asarray(min_batch)[:, None]) & (candidate <= np.asarray(max_batch)[:, None])
 
 
 def _check_action_set(action_mode: str, action_set: Sequence[float] | None) -> np.ndarray:

@@ -199,3 +199,34 @@ def test_a_scale_bundle_refuses_a_delta_env(tmp_path):
     env = HeteroClusterEnv(workers=3, action_mode="scale", action_set=(0.5, 1.0, 2.0), max_decisions=2)
     with pytest.raises(BundleMismatchError, match=r"batch factors \[0.5, 0.8, 1, 1.25, 2\]"):
         run_episode(env, controller, seed=0)
+
+
+def test_a_maskable_ppo_bundle_drives_a_scale_env_within_the_bounds(tmp_path):
+    """A MaskablePPO bundle loads as such, and the controller masks from the batches in force and
+    the spec alone: sampled steps from the minimum batch are never clipped."""
+    vec = PerWorkerVecEnv([lambda: HeteroClusterEnv(workers=2, action_mode="scale", obs_schema=2)])
+    model = MaskablePPO("MlpPolicy", vec, n_steps=8, batch_size=8, seed=0, device="cpu")
+    meta = BundleMeta(
+        obs_form="per_worker",
+        action_set=list(DEFAULT_SCALE_SET),
+        action_mode="scale",
+        algorithm="maskable_ppo",
+        schema_version="2",
+    )
+    controller = PPOController(save_bundle(tmp_path / "b", model, meta, None), deterministic=False)
+    assert isinstance(controller.bundle.model, MaskablePPO)
+    env = HeteroClusterEnv(workers=4, action_mode="scale", obs_schema=2, initial_batch=16, max_decisions=12)
+    controller.check_env(env)
+    obs, info = env.reset(seed=3)
+    controller.reset(env.backend.spec, np.random.default_rng(3))
+    chosen = set()
+    for _ in range(12):
+        action, _ = controller.predict(obs, info)
+        chosen |= set(action.tolist())
+        obs, _, term, trunc, info = env.step(action)
+        assert info["clipped"] == []
+        if term or trunc:
+            break
+    assert len(chosen) >= 3  # it sampled, and was steered away from the illegal steps
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        BundleMeta(obs_form="per_worker", action_set=[0, 1], algorithm="dqn")

@@ -54,20 +54,26 @@ class RewardConfig:
     @classmethod
     def from_any(cls, value: str | dict[str, Any] | RewardConfig | None) -> RewardConfig:
         """A config from a kind name, a mapping of fields, or a config (returned unchanged)."""
-        if value is None:
-            return cls()
-        if isinstance(value, RewardConfig):
-            return value
-        if isinstance(value, str):
-            return cls(kind=value)
-        known = {f.name for f in fields(cls)}
-        unknown = set(value) - known
-        if unknown:
-            raise ValueError(f"unknown reward fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**dict(value))
+        return config_from_any(cls, value, "reward")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def config_from_any(cls: type, value: Any, what: str) -> Any:
+    """A reward config of dataclass ``cls`` from ``None`` (the defaults), a kind name, a mapping of
+    its fields (an unknown field fails, naming the known ones) or a ``cls`` (returned unchanged)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        return cls(kind=value)
+    known = {f.name for f in fields(cls)}
+    unknown = set(value) - known
+    if unknown:
+        raise ValueError(f"unknown {what} fields {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**dict(value))
 
 
 def compute_reward(

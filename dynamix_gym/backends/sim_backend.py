@@ -51,25 +51,7 @@ class SimBackend:
         spec = default_cluster(workers) if workers is not None else cluster
         self.sim = Simulator(spec, workload, scenario, profile=profile, **sim_kwargs)
         sim = self.sim
-        wl = sim.workload
-        b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)
-        init = np.full(sim.num_workers, b0, dtype=np.int64)
-        if initial_batch is None:
-            init = np.clip(init, sim.min_batch, sim.max_batch)
-        self.spec = BackendSpec(
-            gpu_types=sim.gpu_types,
-            node_of_worker=tuple(int(x) for x in sim.node_of_worker),
-            min_batch=sim.min_batch.copy(),
-            max_batch=sim.max_batch.copy(),
-            initial_batch=init,
-            base_batch=sim.convergence.base_batch,
-            target_accuracy=wl.target_quality,
-            time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
-            num_classes=wl.num_classes,
-            workload=wl.name,
-            deterministic=True,
-            metric=wl.metric,
-        )
+        self.spec = simulator_spec(sim, initial_batch, time_budget_s)
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
         self.sim.reset(seed=seed, rng=rng)
@@ -79,3 +61,27 @@ class SimBackend:
 
     def close(self) -> None:
         self.sim.close()
+
+
+def simulator_spec(sim: Simulator, initial_batch: int | None, time_budget_s: float | None) -> BackendSpec:
+    """The :class:`BackendSpec` of a simulator: its workers' ranges, the workload's target and budget,
+    and an initial local batch (default: the workload's, within each worker's range)."""
+    wl = sim.workload
+    b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)
+    init = np.full(sim.num_workers, b0, dtype=np.int64)
+    if initial_batch is None:
+        init = np.clip(init, sim.min_batch, sim.max_batch)
+    return BackendSpec(
+        gpu_types=sim.gpu_types,
+        node_of_worker=tuple(int(x) for x in sim.node_of_worker),
+        min_batch=sim.min_batch.copy(),
+        max_batch=sim.max_batch.copy(),
+        initial_batch=init,
+        base_batch=sim.convergence.base_batch,
+        target_accuracy=wl.target_quality,
+        time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
+        num_classes=wl.num_classes,
+        workload=wl.name,
+        deterministic=True,
+        metric=wl.metric,
+    )

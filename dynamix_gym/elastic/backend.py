@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec, IntervalReport
+from dynamix_gym.backend import IntervalReport
+from dynamix_gym.backends.sim_backend import simulator_spec
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import ElasticJob
 from sim.pool import PoolSpec
@@ -40,25 +41,7 @@ class ElasticSimBackend:
         self.pool = get_pool(pool)
         self.job = ElasticJob(self.pool, workload, scenario, lr_tolerance=lr_tolerance, **sim_kwargs)
         sim = self.job.sim
-        wl = sim.workload
-        b0 = wl.initial_local_batch if initial_batch is None else int(initial_batch)
-        init = np.full(sim.num_workers, b0, dtype=np.int64)
-        if initial_batch is None:
-            init = np.clip(init, sim.min_batch, sim.max_batch)
-        self.spec = BackendSpec(
-            gpu_types=sim.gpu_types,
-            node_of_worker=tuple(int(x) for x in sim.node_of_worker),
-            min_batch=sim.min_batch.copy(),
-            max_batch=sim.max_batch.copy(),
-            initial_batch=init,
-            base_batch=sim.convergence.base_batch,
-            target_accuracy=wl.target_quality,
-            time_budget_s=wl.time_budget_s if time_budget_s is None else float(time_budget_s),
-            num_classes=wl.num_classes,
-            workload=wl.name,
-            deterministic=True,
-            metric=wl.metric,
-        )
+        self.spec = simulator_spec(sim, initial_batch, time_budget_s)
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
         self.job.reset(seed=seed, rng=rng)

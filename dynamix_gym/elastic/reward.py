@@ -20,11 +20,12 @@ Every term is returned separately.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from dynamix_gym.reward import config_from_any
 from sim.report import IntervalReport
 from sim.validation import check_choice, check_range
 
@@ -50,17 +51,7 @@ class ElasticRewardConfig:
 
     @classmethod
     def from_any(cls, value: str | dict[str, Any] | ElasticRewardConfig | None) -> ElasticRewardConfig:
-        if value is None:
-            return cls()
-        if isinstance(value, ElasticRewardConfig):
-            return value
-        if isinstance(value, str):
-            return cls(kind=value)
-        known = {f.name for f in fields(cls)}
-        unknown = set(value) - known
-        if unknown:
-            raise ValueError(f"unknown elastic reward fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**dict(value))
+        return config_from_any(cls, value, "elastic reward")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -61,6 +61,14 @@ class BaseController:
             )
         return int(value)
 
+    def fixed_global_batch(self, global_batch: int | None, global_fraction: float) -> int:
+        """The global batch a fixed-M rule holds: ``global_batch`` if given (checked against the
+        backend's range), else ``global_fraction`` of the workers' memory
+        (:func:`memory_global_batch`)."""
+        if global_batch is None:
+            return memory_global_batch(self.spec, global_fraction)
+        return self.check_global_batch("global_batch", global_batch)
+
     def clip(self, batches: np.ndarray) -> np.ndarray:
         """Whole batches within every worker's [min, max]."""
         return np.clip(np.rint(batches), self.spec.min_batch, self.spec.max_batch).astype(np.int64)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec
-from dynamix_gym.controllers.base import BaseController, check_fraction, memory_global_batch
+from dynamix_gym.controllers.base import BaseController, check_fraction
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
 
 #: The fitted forest shipped with the project (python -m experiments.fit_interference).
@@ -92,10 +92,7 @@ class DynPipeDPController(BaseController):
         from dynamix_gym.interference import InterferenceFeatures
 
         super().reset(spec, rng)
-        if self.global_batch is None:
-            self.target_global_batch = memory_global_batch(spec, self.global_fraction)
-        else:
-            self.target_global_batch = self.check_global_batch("global_batch", self.global_batch)
+        self.target_global_batch = self.fixed_global_batch(self.global_batch, self.global_fraction)
         self.features = InterferenceFeatures(spec)
         self._split_set: frozenset[int] | None = None  # slowed workers at the last split
         self._seen = 0

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dynamix_gym.backend import BackendSpec
-from dynamix_gym.controllers.base import BaseController, check_fraction, memory_global_batch
+from dynamix_gym.controllers.base import BaseController, check_fraction
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
 
 
@@ -69,10 +69,7 @@ class OmniLearnController(BaseController):
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
-        if self.global_batch is None:
-            self.target_global_batch = memory_global_batch(spec, self.global_fraction)
-        else:
-            self.target_global_batch = self.check_global_batch("global_batch", self.global_batch)
+        self.target_global_batch = self.fixed_global_batch(self.global_batch, self.global_fraction)
 
     def predict(
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True

@@ -339,6 +339,9 @@ def summarise(runs: pd.DataFrame, label: str, split: str, command: str) -> dict[
         "worst_task": worst,
         "worst_task_ratio": float(per_task.max()) if worst is not None else math.nan,
         "per_task_ratio": {k: float(v) for k, v in per_task.items()},
+        # Sum of the runs' own wall times (each one process, one core; the hindsight limit's
+        # includes its search): on two cores the split takes about half of it.
+        "run_s_total": float(runs.run_s.sum()) if "run_s" in runs else math.nan,
         "limit_beaten": [
             {"task": r.task, "seed": int(r.seed), "tta_s": float(r.score_s), "limit_s": float(r.limit_s)}
             for r in beaten.itertuples()
@@ -361,6 +364,7 @@ def to_markdown(runs: pd.DataFrame, s: dict[str, Any]) -> str:
         f"- geometric mean of TTA / best static batch: {_f(s['geomean_ratio_to_best_static'])}",
         f"- runs reaching the target: {s['reached_share']:.0%} of {s['runs']}",
         f"- worst task: {s['worst_task']} ({_f(s['worst_task_ratio'])} x limit)",
+        f"- run time: {_f(s.get('run_s_total', math.nan) / 60, 1)} min of one core over all runs",
     ]
     if s["limit_beaten"]:
         lines.append(

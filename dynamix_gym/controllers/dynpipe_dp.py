@@ -39,7 +39,8 @@ class DynPipeDPController(BaseController):
     no reconfiguration.
 
     Args:
-        model_dir: folder of the fitted predictor (``forest.pkl`` + ``forest.json``).
+        model_dir: folder of the fitted predictor (``forest.pkl`` + ``forest.json``); ``None``: the
+            shipped one in ``results/interference``.
         threshold: slowdown ratio that counts as slowed, > 1.
         sustain_s: wall time the slowed set must persist before a re-split (s, >= 0).
         cooldown_s: least wall time between re-splits (s, >= 0).
@@ -78,8 +79,8 @@ class DynPipeDPController(BaseController):
             )
         from dynamix_gym.interference import SlowdownPredictor
 
-        self.model_dir = Path(model_dir) if model_dir is not None else DEFAULT_MODEL
-        self.predictor = SlowdownPredictor.load(self.model_dir)
+        self.model_dir = model_dir  # as given (None: the shipped forest)
+        self.predictor = SlowdownPredictor.load(Path(model_dir) if model_dir is not None else DEFAULT_MODEL)
         self.threshold, self.sustain_s, self.cooldown_s = (
             float(threshold),
             float(sustain_s),

@@ -63,11 +63,11 @@ def test_cluster_round_trip_is_exact(name):
     spec = CLUSTERS[name]()
     d = cluster_to_dict(spec)
     assert cluster_from_dict(d) == spec
-    assert d["nodes"][0] == {
+    assert d["nodes"][0] == {  # every field, as plain data
         "gpu": spec.nodes[0].gpu,
         "gpus": spec.nodes[0].gpus,
-        "cpu_cores": 16,
-        "host_mem_gib": 128.0,
+        "cpu_cores": spec.nodes[0].cpu_cores,
+        "host_mem_gib": spec.nodes[0].host_mem_gib,
     }
 
 

@@ -377,35 +377,43 @@ class HindsightController(BaseController):
         if fresh:
             record = self.search(env, seed)
             record["key"] = key
-        if "own_start_statics" not in record:  # a plan cached before these candidates existed
-            self._own_start_statics(env, seed, record)
+        if self._own_start_statics(env, seed, record):  # new candidates since it was cached
             fresh = True
         self.search_log = record
         self._inner = make_candidate(record["plan"])
         if cached is not None and fresh:
             atomic_write_text(cached, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
-    def _own_start_statics(self, env: Any, seed: int, record: dict[str, Any]) -> None:
+    def _own_start_statics(self, env: Any, seed: int, record: dict[str, Any]) -> bool:
         """Static batches that run their warm-up interval at the batch too (as the benchmark's
         static grid does), tried after the search and outside its budget, so that a cached search
-        and a fresh one give the same plan. The better of them and the search's best is the plan."""
+        and a fresh one give the same plan: every power of two whose per-worker clipping differs
+        from the next smaller one's, up to the one that puts every worker at its memory cap. The
+        better of them and the search's best is the plan. Returns whether any was new."""
         spec = env.unwrapped.backend.spec
-        lo, hi = int(spec.min_batch.min()), int(spec.max_batch.max())
-        scores = {}
-        for b in (2**k for k in range(20)):
-            if lo <= b <= hi:
-                desc = {"kind": "static", "batch": b, "start_at_batch": True}
-                result = replay(env, make_candidate(desc), seed)
-                scores[b] = result["score"]
-                if result["score"] < record["score"]:
-                    record.update(
-                        plan=desc,
-                        score=result["score"],
-                        reached=result["reached"],
-                        time_to_accuracy_s=result["time_s"] if result["reached"] else None,
-                    )
-        record["own_start_statics"] = scores
+        scores = record.setdefault("own_start_statics", {})
+        added = False
+        previous = None
+        for b in (2**k for k in range(21)):
+            clipped = np.clip(b, spec.min_batch, spec.max_batch).tolist()
+            if clipped == previous:
+                continue
+            previous = clipped
+            if str(b) in scores:
+                continue
+            desc = {"kind": "static", "batch": b, "start_at_batch": True}
+            result = replay(env, make_candidate(desc), seed)
+            scores[str(b)] = result["score"]
+            added = True
+            if result["score"] < record["score"]:
+                record.update(
+                    plan=desc,
+                    score=result["score"],
+                    reached=result["reached"],
+                    time_to_accuracy_s=result["time_s"] if result["reached"] else None,
+                )
         record["best_by_kind"]["static_own_start"] = min(scores.values(), default=math.inf)
+        return added
 
     def search(self, env: Any, seed: int) -> dict[str, Any]:
         """Runs the search (module docstring) and returns the best plan with its score."""

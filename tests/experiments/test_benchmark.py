@@ -103,6 +103,12 @@ def test_hindsight_is_never_beaten(task):
     assert limit == pytest.approx(limit_ctrl.search_log["score"], rel=1e-12)
     rivals = {name: make_controller(name) for name in RIVALS}
     rivals |= {f"static-{b}": make_controller("static", batch=b) for b in (32, 128, 512, 2048)}
+    # ... and static jobs that start at their batch, as the benchmark's grid does (65536: every
+    # worker at its memory cap).
+    rivals |= {
+        f"static-{b}-from-start": make_controller("static", batch=b, start_at_batch=True)
+        for b in (32, 512, 65536)
+    }
     for name, ctrl in rivals.items():
         tta = _tta(run_episode(_env(task, ctrl.action_mode), ctrl, seed))
         assert limit <= tta * (1 + 1e-12), (

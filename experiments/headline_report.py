@@ -123,6 +123,35 @@ def check_scale(table: pd.DataFrame) -> tuple[list[str], list[dict]]:
     return lines, checks
 
 
+def benchmark_lines(bench: Path, label: str = "ppo-headline") -> list[str]:
+    """The bundle's dynamix-bench-v1 scores against the hindsight limit, where they have been run."""
+    lines = []
+    for split in ("test", "train"):
+        path = bench / label / split / "summary.json"
+        if not path.is_file():
+            continue
+        s = json.loads(path.read_text())
+        oracle = bench / "oracle" / split / "summary.json"
+        o = json.loads(oracle.read_text()) if oracle.is_file() else {}
+        lines.append(
+            f"| {split} | {s['runs']} | {_fmt(s['geomean_ratio_to_limit'], 3)} | "
+            f"{_fmt(s['geomean_ratio_to_best_static'], 3)} | {s['reached_share']:.0%} | "
+            f"{s['worst_task']} ({_fmt(s['worst_task_ratio'], 1)}) | {_fmt(o.get('geomean_ratio_to_limit', math.nan), 3)} |"
+        )
+    if not lines:
+        return []
+    return [
+        "## Against the hindsight limit: dynamix-bench-v1 (`results/benchmark`)",
+        "",
+        f"    python -m experiments.benchmark controller=ppo controller.path=results/headline/policy label={label} split=test",
+        "",
+        "| split | runs | PPO x limit (geomean) | PPO x best static | reached | worst task (x limit) | greedy oracle x limit |",
+        "|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+    ]
+
+
 def report(cfg: DictConfig) -> dict:
     root = Path(to_absolute_path(cfg.root))
     main = pd.read_csv(root / "8_workers" / "table.csv")
@@ -137,9 +166,11 @@ def report(cfg: DictConfig) -> dict:
         "T4/V100(/RTX2080Ti) clusters running ResNet-18 / CIFAR-10, fault families with random "
         "intensities; never on the evaluation presets or seeds). Evaluation: held-out seeds 0-4 on the "
         "five scenario presets. TTA = time to 93% validation accuracy, minutes of simulated wall-clock "
-        "time, mean ± 95% t-interval half-width. The oracle (ground-truth goodput, simulation only) is "
-        "the physical limit every ratio is read against.",
+        "time, mean ± 95% t-interval half-width. The greedy oracle (ground-truth goodput, simulation "
+        "only) is the imitation teacher, not a limit: the tables below read PPO against it as issue 5 "
+        "set out; the limit is the benchmark's hindsight planner (next section).",
         "",
+        *benchmark_lines(root.parent / "benchmark"),
         "## Targets, 8 workers (default T4/V100 cluster)",
         "",
     ]

@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml | $(PY)
 
 setup: $(STAMP)
 
+# Two processes (pytest-xdist; a file's tests stay together): CI's machine has two cores.
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)

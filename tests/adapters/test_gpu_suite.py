@@ -142,6 +142,7 @@ def test_real_ddp_ladder_on_one_cpu_rank(tmp_path):
     assert (table["step_time_s"] > 0).all() and (table["sync_time_s"] == 0).all()
 
 
+@pytest.mark.slow
 def test_table_mode_profile_feeds_the_race_profile_and_the_simulator(tmp_path):
     rows = []
     for app in ("cifar10", "mnist_cnn"):  # the ladder's two models (numbers from the simulator here)

@@ -15,6 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from test_encoding_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
 from dynamix_gym.bundle import BundleMeta, BundleMismatchError, PPOController, load_bundle, save_bundle
@@ -29,35 +30,6 @@ from sim.report import IntervalReport
 W_FEATURES, G_FEATURES = OBS_SCHEMA_V2.worker_features, OBS_SCHEMA_V2.global_features
 MSS = 1448
 HEADLINE_BUNDLE = Path(__file__).resolve().parents[2] / "results" / "headline" / "policy"
-
-
-def _norm(value: float, feature) -> float:
-    clipped = min(max(value, feature.low), feature.high)
-    return 2.0 * (clipped - feature.low) / (feature.high - feature.low) - 1.0
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _two_batch(r) -> tuple[float, float] | None:
-    """Weighted least squares of |g_B|^2 on 1/B: local points weigh 1, the global point n."""
-    pts = [
-        (1.0 / float(r.local_batch[i]), float(r.local_grad_sqr[i]), 1.0)
-        for i in range(r.num_workers)
-        if r.alive[i]
-    ]
-    n = len(pts)
-    if n == 0 or r.global_batch <= 0:
-        return None
-    pts.append((1.0 / r.global_batch, float(r.global_grad_sqr), float(n)))
-    w = sum(p[2] for p in pts)
-    xm, ym = sum(p[0] * p[2] for p in pts) / w, sum(p[1] * p[2] for p in pts) / w
-    sxx = sum(p[2] * (p[0] - xm) ** 2 for p in pts)
-    if sxx <= 1e-12 * max(xm * xm, 1e-300):
-        return None
-    sxy = sum(p[2] * (p[0] - xm) * (p[1] - ym) for p in pts)
-    return ym - sxy / sxx * xm, sxy / sxx
 
 
 class ReferenceV2:
@@ -85,7 +57,7 @@ class ReferenceV2:
 
     def update(self, r) -> tuple[np.ndarray, np.ndarray]:
         spec, n = self.spec, self.spec.num_workers
-        est = _two_batch(r)
+        est = reference_two_batch(r)
         if est is not None:
             if self.g2 is None:
                 self.g2, self.sigma = est

@@ -47,8 +47,8 @@ from adapters.config import RealDDPConfig
 from adapters.faults import FaultEmulator
 from adapters.hostmetrics import HostSnapshot
 from adapters.worker import worker_main
-from dynamix_gym.backend import BackendSpec, IntervalReport
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.protocol import BackendSpec, IntervalReport
 
 log = logging.getLogger(__name__)
 

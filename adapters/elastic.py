@@ -30,7 +30,7 @@ import numpy as np
 from adapters import checkpoint as ckpt
 from adapters.config import RealDDPConfig
 from adapters.ddp_backend import DDPBackend
-from dynamix_gym.backend import IntervalReport
+from sim.protocol import IntervalReport
 
 log = logging.getLogger(__name__)
 

@@ -40,11 +40,11 @@ def ladder_table(
     ``make_backend(workers)``: a backend (:class:`adapters.ddp_backend.DDPBackend`, or any other)
     of that many workers whose local-batch range covers ``batches``, one worker count -> its
     ladder. Batches common to every count are measured first, all counts alike
-    (:func:`dynamix_gym.calibration.profile_ladder`: when the budget runs out the top of the ladder
+    (:func:`dynamix_gym.measurement.profiling.profile_ladder`: when the budget runs out the top of the ladder
     is missing for every count); the batches only some counts can hold follow with what is left.
     Rows carry worker type ``gpu`` and application ``app``; ``model`` describes them.
     """
-    from dynamix_gym.calibration import profile_ladder, reference_rows
+    from dynamix_gym.measurement.profiling import profile_ladder, reference_rows
 
     if not batches or any(not b for b in batches.values()):
         raise ValueError(f"batches needs a non-empty ladder per worker count, got {batches!r}")
@@ -116,11 +116,11 @@ def ddp_factory(
 
 
 def write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Validate ``rows`` as a reference table (:func:`sim.fitting.read_profile_table`) and write it."""
+    """Validate ``rows`` as a reference table (:func:`sim.fitting.table.read_profile_table`) and write it."""
     import pandas as pd
 
     from sim.datafiles import atomic_write_text
-    from sim.fitting import read_profile_table
+    from sim.fitting.table import read_profile_table
 
     table = read_profile_table(pd.DataFrame(rows))
     atomic_write_text(path, table.to_csv(index=False))

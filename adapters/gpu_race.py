@@ -33,11 +33,11 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from sim.calibration import ClusterProfile, ProfiledNodeSpec, dump_json, load_profile, write_profile
 from sim.cluster import ClusterSpec
 from sim.datafiles import atomic_write_text
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
+from sim.profile import ClusterProfile, ProfiledNodeSpec, dump_json, load_profile, write_profile
 
 CONTROLLERS = [
     {"name": "static", "kwargs": {"batch": 32}},
@@ -142,7 +142,7 @@ def race(
 
     ``device="cpu"`` runs the same race on CPU ranks (a check of the plumbing, not a GPU result).
     """
-    from dynamix_gym.calibration import ranking, tta_table
+    from dynamix_gym.measurement.compare import ranking, tta_table
     from experiments.fidelity import RealEnvs, build_controller, controller_specs, run_one, sim_env
 
     t_end = time.monotonic() + budget_s

@@ -192,7 +192,7 @@ def part_ladder(out: Path, budget_s: float, args: argparse.Namespace) -> dict[st
         budget_s=0.8 * ladder_s,
     )
     # the race's model and data: those its convergence model was measured on
-    from sim.calibration import load_profile
+    from sim.profile import load_profile
 
     conv = load_profile(args.convergence_profile)
     real = (conv.meta.get("provenance") or {}).get("real_config") or {}

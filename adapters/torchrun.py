@@ -21,7 +21,7 @@ times the local compute, takes the local gradient norm, all-reduces the gradient
 (DDP's arithmetic: sum / W) and takes the all-reduced norm; the other iterations run DDP untouched,
 so the controller adds no work to them. Every ``interval`` iterations one
 ``all_gather`` brings the measurements to rank 0, which builds the same
-:class:`~sim.report.IntervalReport` the env sees, encodes the same observation, asks the policy (a
+:class:`~sim.protocol.IntervalReport` the env sees, encodes the same observation, asks the policy (a
 baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
 does (:meth:`HeteroClusterEnv.apply_action`: same action modes, same clipping). One ``broadcast``
 hands every rank the new batches, the scaled learning rate and the stop flag, so every rank
@@ -46,10 +46,10 @@ import torch.distributed as dist
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.lr import lr_gain
 from adapters.sampling import DynamicBatchSampler, loss_weight
-from dynamix_gym.backend import BackendSpec, IntervalReport
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.protocol import BackendSpec, IntervalReport
 
 #: Per-rank scalars gathered at each interval boundary, after 2 K per-iteration times.
 _SCALARS = (
@@ -79,7 +79,7 @@ def resolve_policy(policy: Controller | str | Path, **kwargs: Any) -> Controller
         return policy
     path = Path(policy)
     if path.exists():
-        from dynamix_gym.bundle import PPOController
+        from dynamix_gym.controllers.bundle import PPOController
 
         return PPOController(path, **kwargs)
     name = str(policy)

@@ -10,11 +10,11 @@ Importing the package registers:
 
 from gymnasium.envs.registration import register, registry
 
-from dynamix_gym.backend import Backend, BackendSpec, IntervalReport
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.envs.per_worker import PerWorkerEnv
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import OBS_SCHEMA, SCHEMA_VERSION, ObservationEncoder
+from sim.protocol import Backend, BackendSpec, IntervalReport
 
 __all__ = [
     "OBS_SCHEMA",

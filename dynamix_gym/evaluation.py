@@ -10,7 +10,7 @@ import numpy as np
 
 from dynamix_gym.controllers.base import Controller, start_options
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 
 #: Columns every summary row carries (``summary.csv``), in this order.
 SUMMARY_COLUMNS: tuple[str, ...] = (

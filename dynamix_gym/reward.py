@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 from sim.validation import check_choice, check_range
 
 REWARD_KINDS = ("dynamix", "time")

@@ -1,6 +1,6 @@
 """The observation schema, defined once: named features with units, raw ranges and normalisation.
 
-Each feature is computed from the backend-neutral :class:`~sim.report.IntervalReport` (plus a short
+Each feature is computed from the backend-neutral :class:`~sim.protocol.IntervalReport` (plus a short
 history kept by :class:`ObservationEncoder`), clipped to its raw range ``[low, high]`` and mapped
 affinely onto [-1, 1]. Per-worker features describe one worker (DYNAMIX's state plus relative
 quantities that let one policy serve any cluster size); global features describe the job.
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
-from sim.report import IntervalReport
+from sim.protocol import BackendSpec, IntervalReport
 
 SCHEMA_VERSION = "1"
 

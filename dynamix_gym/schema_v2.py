@@ -68,11 +68,10 @@ from collections import deque
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.schema import Feature, ObservationSchema
 from dynamix_gym.stats import MAX_NOISE_SCALE, NoiseScaleEstimator
 from sim.network import TCP_MSS_BYTES
-from sim.report import IntervalReport
+from sim.protocol import BackendSpec, IntervalReport
 
 SCHEMA_VERSION_V2 = "2"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from operator import mul
 
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 
 #: Upper bound on a reported noise-scale estimate (the estimate diverges when |G|^2 ~ 0).
 MAX_NOISE_SCALE = 1e7

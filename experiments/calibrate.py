@@ -4,17 +4,17 @@
     python -m experiments.calibrate table=TABLE.csv [traces=TRACES.csv] [workload=WORKLOAD.yaml] [out_dir=DIR] [app=cifar10]
 
 Real mode (default) profiles native DDP ranks on this machine through the real backend
-(:mod:`dynamix_gym.calibration`): each worker count's step time over a ladder of local batches
+(:mod:`dynamix_gym.measurement.profiling`): each worker count's step time over a ladder of local batches
 (the one-worker rows give the compute model, the others the all-reduce model), the wall time an
 episode pays per decision interval beyond its iterations, and static-batch training curves for the
 convergence model. Table mode fits a measured table in the reference format instead
-(``sim/data/reference/README.md``; :func:`sim.fitting.read_profile_table` rejects ill-formed ones).
+(``sim/data/reference/README.md``; :func:`sim.fitting.table.read_profile_table` rejects ill-formed ones).
 With ``traces=`` (convergence traces in the reference format, the metric in the workload's own
 units) and ``workload=`` (a YAML file of :class:`sim.workloads.Workload` fields, or a preset name),
 table mode also fits the workload's convergence model (:mod:`sim.traces_table`,
-:func:`sim.fit_convergence.fit_app`): an application the project has never seen, with a rising
-or falling metric, needs no code edit. Both modes fit with :func:`sim.fitting.fit_all`, the fit
-behind the shipped models, and write a profile directory (:mod:`sim.calibration`) with
+:func:`sim.fitting.convergence.fit_app`): an application the project has never seen, with a rising
+or falling metric, needs no code edit. Both modes fit with :func:`sim.fitting.hardware.fit_all`, the fit
+behind the shipped models, and write a profile directory (:mod:`sim.profile`) with
 ``calibration.md`` / ``calibration.json`` next to it (the figures of every fit report: step-time
 leave-one-batch-out MdAPE per worker type, and with traces accuracy RMSE and epochs-to-target
 Kendall tau). The directory appears whole or not at all.
@@ -42,25 +42,22 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import atomic_write_text, describe_file, plain, shown
-from sim.calibration import (
-    ADDITIVE_RULE,
-    MEASUREMENTS_FILE,
-    PROFILES_DIR,
-    ClusterProfile,
-    Curve,
-    ProfiledNodeSpec,
-    dump_json,
-    fit_convergence_curves,
-    fit_models,
-    holdout_errors,
-    write_profile,
-)
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.convergence import ConvergenceParams, convergence_table
 from sim.datafiles import data_path
-from sim.fit_convergence import fit_app
-from sim.fitting import read_profile_table
+from sim.fitting.convergence import fit_app
+from sim.fitting.curves import Curve, fit_convergence_curves
+from sim.fitting.step_time import ADDITIVE_RULE, fit_models, holdout_errors
+from sim.fitting.table import read_profile_table
 from sim.hardware import GPU_MEMORY_GIB, ComputeParams
+from sim.profile import (
+    MEASUREMENTS_FILE,
+    PROFILES_DIR,
+    ClusterProfile,
+    ProfiledNodeSpec,
+    dump_json,
+    write_profile,
+)
 from sim.specs_io import spec_from_dict, workload_from_dict, workload_to_dict
 from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS, Workload
@@ -92,7 +89,7 @@ def fit_table(
     additive_types: list[str],
 ) -> dict[str, Any]:
     """Compute and communication fits of every (worker type, app) of a validated table, and the
-    held-out step-time check (``additive_types``: see :data:`sim.calibration.ADDITIVE_RULE`)."""
+    held-out step-time check (``additive_types``: see :data:`sim.fitting.step_time.ADDITIVE_RULE`)."""
     computes, comms, diags = fit_models(table, additive_types, host_floor_pairs)
     try:
         holdout = holdout_errors(table, holdout_every, host_floor_pairs, additive_types)
@@ -228,7 +225,7 @@ def table_workload(cfg: DictConfig, apps: list[str], src: Path) -> tuple[Workloa
 
 
 def fit_traces(cfg: DictConfig, workload: Workload) -> tuple[Workload, ConvergenceParams, dict[str, Any]]:
-    """The workload's convergence model fitted to ``traces=<csv>`` (:func:`sim.fit_convergence.fit_app`)
+    """The workload's convergence model fitted to ``traces=<csv>`` (:func:`sim.fitting.convergence.fit_app`)
     and its report: accuracy RMSE (quality and metric units) and epochs-to-target Kendall tau."""
     path = Path(to_absolute_path(str(cfg.traces)))
     if workload.convergence == "cifar10" and workload.name != "cifar10":
@@ -379,14 +376,14 @@ def calibrate_real(cfg: DictConfig, out: Path) -> dict[str, Any]:
 
     from adapters.config import RealDDPConfig
     from adapters.ddp_backend import DDPBackend
-    from dynamix_gym.calibration import (
+    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+    from dynamix_gym.measurement.profiling import (
         measure_curves,
         measure_overheads,
         profile_ladder,
         reference_rows,
         wait_for_quiet,
     )
-    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 
     real = plain(cfg.real)
     workers = int(real["workers"])

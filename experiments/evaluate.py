@@ -40,7 +40,7 @@ import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
 from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
 from dynamix_gym.reward import RewardConfig
 from experiments.common import atomic_write_text, plain
-from sim.calibration import ClusterProfile, load_profile
+from sim.profile import ClusterProfile, load_profile
 from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
 
 log = logging.getLogger(__name__)

@@ -39,30 +39,18 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from dynamix_gym.bundle import PPOController
-from dynamix_gym.calibration import (
-    IterationPredictor,
-    ppo_advantage,
-    profile_ladder,
-    ranking,
-    speeds_at,
-    tta_table,
-    wait_for_quiet,
-)
+from dynamix_gym.controllers.bundle import PPOController
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
+from dynamix_gym.measurement.compare import IterationPredictor, ppo_advantage, ranking, speeds_at, tta_table
+from dynamix_gym.measurement.profiling import profile_ladder, wait_for_quiet
 from experiments.common import atomic_write_text, plain, shown
 from experiments.evaluate import controller_label
-from sim.calibration import (
-    MEASUREMENTS_FILE,
-    ClusterProfile,
-    dump_json,
-    holdout_errors,
-    load_profile,
-)
 from sim.faults import FaultWindow, Scenario
-from sim.fitting import read_profile_table
+from sim.fitting.step_time import holdout_errors
+from sim.fitting.table import read_profile_table
+from sim.profile import MEASUREMENTS_FILE, ClusterProfile, dump_json, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +285,7 @@ def plot_iteration_times(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.calibration import step_time_s
+    from sim.fitting.step_time import step_time_s
 
     fig, ax = plt.subplots(figsize=(7.2, 6.4))
     if len(intervals):

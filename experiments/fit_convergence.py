@@ -4,7 +4,7 @@
 
 Writes ``convergence_models.json`` (default: the package's ``sim/data``) and
 ``convergence_fit.md`` / ``.json`` / ``.png`` (default: ``results/fit``). The work is in
-:mod:`sim.fit_convergence`; this file resolves paths, serialises, plots and writes the report.
+:mod:`sim.fitting.convergence`; this file resolves paths, serialises, plots and writes the report.
 Deterministic: a rerun on the same inputs gives the same JSON files.
 """
 
@@ -27,22 +27,24 @@ from experiments.common import atomic_write_text, describe_file
 from sim.cluster import default_cluster
 from sim.convergence import CONVERGENCE_MODELS_FILE, LR_RULES, ConvergenceModel
 from sim.datafiles import data_path
-from sim.fit_convergence import (
+from sim.fitting.convergence import (
     APP_SPECS,
     TRACES_FILE,
-    TRADEOFF_FILE,
     AppFit,
-    TradeoffFit,
     binned_median,
     epoch_bins,
     fit_app,
-    fit_tradeoff,
     load_traces,
-    load_tradeoff,
     log_noise_scale,
+    summary,
+)
+from sim.fitting.tradeoff import (
+    TRADEOFF_FILE,
+    TradeoffFit,
+    fit_tradeoff,
+    load_tradeoff,
     simulate_schedule,
     static_iteration_time_s,
-    summary,
 )
 from sim.workloads import get_workload
 

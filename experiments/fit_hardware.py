@@ -5,7 +5,7 @@
 
 Writes ``compute_models.json`` and ``comm_models.json`` (default: the package's ``sim/data``) and
 ``hardware_fit.md`` / ``hardware_fit.json`` (default: ``results/fit``). The work is in
-:mod:`sim.fitting`; this file only resolves paths, serialises and writes the report. Output is
+:mod:`sim.fitting.hardware`; this file only resolves paths, serialises and writes the report. Output is
 deterministic: a rerun on the same table gives byte-identical files.
 """
 
@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 import sim
 from experiments.common import atomic_write_text, describe_file
 from sim.datafiles import data_path
-from sim.fitting import (
+from sim.fitting.hardware import (
     COMM_EQUATION,
     COMPUTE_EQUATION,
     EXPONENT_RULE,
@@ -36,8 +36,8 @@ from sim.fitting import (
     MIN_ONE_GPU_BATCHES,
     SOURCE_PLACEMENT_MEDIAN,
     fit_all,
-    read_profile_table,
 )
+from sim.fitting.table import read_profile_table
 from sim.hardware import COMPUTE_MODELS_FILE, ComputeParams
 from sim.network import COMM_MODELS_FILE, CommParams
 

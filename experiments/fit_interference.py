@@ -5,7 +5,7 @@
 Runs the benchmark's *train* split tasks that have slowdowns, and generated scenarios (the
 interference preset at several intensities on the train split's clusters), at seeds >= 100, with
 controllers that move the batches (random, DLB) so the counters cover many splits. Every interval
-gives one row per live worker: the features of :mod:`dynamix_gym.interference` and the true
+gives one row per live worker: the features of :mod:`dynamix_gym.controllers.interference` and the true
 slowdown ratio (max(GPU, host) slow-down over the worker's smallest in the run). Whole episodes
 are held out (every ``holdout_every``-th) to report R^2, mean absolute error and the detection of
 slowdowns above the controller's threshold. Writes ``<out_dir>/forest.pkl``, ``forest.json``.
@@ -23,9 +23,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from dynamix_gym.controllers.dlb import DLBController
+from dynamix_gym.controllers.interference import (
+    FEATURES,
+    InterferenceFeatures,
+    SlowdownPredictor,
+    true_slowdown,
+)
 from dynamix_gym.controllers.random_controller import RandomController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.interference import FEATURES, InterferenceFeatures, SlowdownPredictor, true_slowdown
 from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, plain
 from sim.faults import scale_intensity

@@ -27,7 +27,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.schema import split_centralised
 from experiments.common import atomic_write_text, plain
 from experiments.fidelity import RealEnvs, build_controller, build_scenario, sim_env
-from sim.calibration import load_profile
+from sim.profile import load_profile
 
 log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.obs_gap"

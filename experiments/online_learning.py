@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.bundle import PPOController, load_bundle
+from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController

@@ -26,7 +26,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.bundle import PolicyBundle, PPOController, load_bundle
+from dynamix_gym.controllers.bundle import PolicyBundle, PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.learner import LearnerConfig, OnlineLearner

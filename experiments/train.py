@@ -22,7 +22,7 @@ import hydra
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.training import TrainConfig, train
+from dynamix_gym.learning.training import TrainConfig, train
 from experiments.common import atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Training-progress model: gradient noise, statistical efficiency and validation accuracy.
 
 Calibrated from real convergence traces (Pollux artifact) by ``python -m experiments.fit_convergence``
-(see ``sim/fit_convergence.py``); the fitted parameters live in ``sim/data/convergence_models.json``.
+(see ``sim/fitting/convergence.py``); the fitted parameters live in ``sim/data/convergence_models.json``.
 
 Progress is counted in steps of the base batch ``M0`` (as in the traces and in Pollux): one
 optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch steps.

@@ -30,7 +30,7 @@ import numpy as np
 from sim.engine import Simulator
 from sim.faults import Scenario
 from sim.pool import PoolSpec
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 from sim.validation import check_int, check_range
 from sim.workloads import Workload
 

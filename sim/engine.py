@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from sim.calibration import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.cluster import ClusterSpec, get_cluster
 from sim.convergence import ConvergenceModel
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import smooth_max
 from sim.network import TCP_MSS_BYTES, CommModel
-from sim.report import IntervalReport
+from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
+from sim.protocol import IntervalReport
 from sim.validation import check_int, check_range
 from sim.workloads import Workload, get_workload, min_local_batch
 
@@ -65,7 +65,7 @@ class Simulator:
             workload's ``min_local_batch``, else 16 or the smallest memory cap if lower; see
             :func:`sim.workloads.min_local_batch`).
         lr_rule: overrides the workload's learning-rate scaling rule.
-        profile: a calibrated cluster profile (:mod:`sim.calibration`: a directory, its
+        profile: a calibrated cluster profile (:mod:`sim.profile`: a directory, its
             ``profile.json``, a name under ``sim/data/profiles`` or a loaded ``ClusterProfile``).
             Its fitted compute, communication and convergence models are looked up before the
             shipped ones, and its cluster, workload and overheads are the defaults.

@@ -1,7 +1,7 @@
 """Per-GPU compute model: how long one local step takes at a given local batch.
 
 The parameters are data, produced from measured step times by ``python -m experiments.fit_hardware``
-(see ``sim/fitting.py``) and stored in ``sim/data/compute_models.json`` together with their fit error.
+(see ``sim/fitting/hardware.py``) and stored in ``sim/data/compute_models.json`` together with their fit error.
 Nothing here is hand-tuned.
 """
 

@@ -10,7 +10,7 @@ convergence model fits (so a falling WER or loss is read as ``1 - value * scale`
 row (and the allowed range): a missing column, a non-numeric or non-finite cell, a metric outside
 the range its scale declares, a non-positive gradient statistic, progress that does not increase
 within a run, or runs at a single global batch (the batch dependence cannot be fitted from one).
-:func:`app_spec` turns a workload's metric into what :func:`sim.fit_convergence.fit_app` needs.
+:func:`app_spec` turns a workload's metric into what :func:`sim.fitting.convergence.fit_app` needs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.fit_convergence import AppSpec, Trace
+from sim.fitting.convergence import AppSpec, Trace
 from sim.workloads import Workload
 
 #: Columns a traces table must have (``app`` and ``model`` are optional).
@@ -46,7 +46,7 @@ def read_traces(path: str | Path, workload: Workload) -> list[Trace]:
     an ``app`` column holds one application.
 
     Returns:
-        One :class:`~sim.fit_convergence.Trace` per global batch, sorted by batch and by epoch
+        One :class:`~sim.fitting.convergence.Trace` per global batch, sorted by batch and by epoch
         within each, ``metric`` mapped to the quality fraction.
 
     Raises:
@@ -163,7 +163,7 @@ def read_traces(path: str | Path, workload: Workload) -> list[Trace]:
 
 
 def app_spec(workload: Workload, traces: Sequence[Trace]) -> AppSpec:
-    """What :func:`sim.fit_convergence.fit_app` needs about ``workload``'s metric.
+    """What :func:`sim.fitting.convergence.fit_app` needs about ``workload``'s metric.
 
     ``acc_chance`` is the quality of the metric's ``untrained`` value (required); the targets of
     the epochs-to-target ranking are the workload's target and :data:`TARGET_STEPS` below it (in

@@ -1,4 +1,4 @@
-"""Backends implementing :class:`dynamix_gym.backend.Backend`."""
+"""Backends implementing :class:`sim.protocol.Backend`."""
 
 from dynamix_gym.backends.sim_backend import SimBackend
 

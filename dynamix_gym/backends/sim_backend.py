@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec, IntervalReport
-from sim.calibration import ClusterProfile
 from sim.cluster import ClusterSpec, default_cluster
 from sim.engine import Simulator
 from sim.faults import Scenario
+from sim.profile import ClusterProfile
+from sim.protocol import BackendSpec, IntervalReport
 from sim.workloads import Workload
 
 
@@ -25,7 +25,7 @@ class SimBackend:
             ``"cifar10"``).
         initial_batch: local batch of every worker in the first interval (default: the workload's,
             limited to each worker's range).
-        profile: a calibrated cluster profile (path, name or ``sim.calibration.ClusterProfile``;
+        profile: a calibrated cluster profile (path, name or ``sim.profile.ClusterProfile``;
             see :class:`Simulator`).
         **sim_kwargs: passed to :class:`Simulator` (``reconfig_delay_s``, ``min_batch``, ``lr_rule``,
             ``interval_overhead_s``).

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
+from sim.protocol import BackendSpec
 
 
 @runtime_checkable
@@ -15,7 +15,7 @@ class Controller(Protocol):
 
     ``predict`` has Stable-Baselines3's shape, so a loaded SB3 policy is just another controller.
     ``info`` is the env's info dict: ``info["report"]`` is the last
-    :class:`~sim.report.IntervalReport` (every backend provides it) and ``info["local_batches"]``
+    :class:`~sim.protocol.IntervalReport` (every backend provides it) and ``info["local_batches"]``
     the batches in force. Only controllers with ``uses_truth = True`` (the oracle) may read
     ``report.truth``, which exists in simulation alone.
     """

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.envs.hetero_cluster import step_masks
 from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
+from sim.protocol import BackendSpec
 
 BUNDLE_FORMAT = 1
 OBS_FORMS = ("per_worker", "centralised")

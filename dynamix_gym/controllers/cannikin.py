@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.optimize
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
 from dynamix_gym.controllers.threads import single_blas_thread
 from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
+from sim.protocol import BackendSpec
 
 #: Local batches at which every worker's fitted compute time is tabulated for the split.
 _TABLE_POINTS = 96

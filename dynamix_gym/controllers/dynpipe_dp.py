@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController, check_fraction
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
+from sim.protocol import BackendSpec
 
 #: The fitted forest shipped with the project (python -m experiments.fit_interference).
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "results" / "interference"
@@ -23,7 +23,7 @@ class DynPipeDPController(BaseController):
     each stage's slowdown ratio from runtime counters; it re-partitions when a predicted slowdown
     passes a threshold (about 20 %) for a sustained window (about 30 s), then waits a cooldown
     (about 5 minutes). Here the unit is a data-parallel worker and the re-partition a re-split of
-    the global batch (:mod:`dynamix_gym.interference` holds the predictor and its features):
+    the global batch (:mod:`dynamix_gym.controllers.interference` holds the predictor and its features):
 
         s_i      = forest(features_i)                 # predicted slowdown ratio of worker i
         slowed_i = s_i > threshold
@@ -77,7 +77,7 @@ class DynPipeDPController(BaseController):
             raise ValueError(
                 f"DynPipeDPController.global_batch must be None or an integer, got {global_batch!r}"
             )
-        from dynamix_gym.interference import SlowdownPredictor
+        from dynamix_gym.controllers.interference import SlowdownPredictor
 
         self.model_dir = model_dir  # as given (None: the shipped forest)
         self.predictor = SlowdownPredictor.load(Path(model_dir) if model_dir is not None else DEFAULT_MODEL)
@@ -90,7 +90,7 @@ class DynPipeDPController(BaseController):
         self.global_fraction = check_fraction("DynPipeDPController", "global_fraction", global_fraction)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
-        from dynamix_gym.interference import InterferenceFeatures
+        from dynamix_gym.controllers.interference import InterferenceFeatures
 
         super().reset(spec, rng)
         self.target_global_batch = self.fixed_global_batch(self.global_batch, self.global_fraction)

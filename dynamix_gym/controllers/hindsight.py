@@ -41,12 +41,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController, start_options
 from dynamix_gym.controllers.oracle import OracleController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
 from dynamix_gym.controllers.static import StaticController
 from sim.datafiles import atomic_write_text
+from sim.protocol import BackendSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """DynPipe's interference predictor, carried over to data parallelism: a random forest that
 predicts each worker's slowdown ratio from the counters of an interval report.
 
-Features (per worker, from :class:`~sim.report.IntervalReport` alone, so the same code runs on the
+Features (per worker, from :class:`~sim.protocol.IntervalReport` alone, so the same code runs on the
 simulator and on real DDP; DynPipe's runtime counters have their data-parallel analogues here):
 
     | index | name | meaning |
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec, IntervalReport
+from sim.protocol import BackendSpec, IntervalReport
 
 FEATURES = (
     "per_sample_vs_min",

@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController, check_fraction
 from dynamix_gym.controllers.split import fill_to_total, round_to_total
+from sim.protocol import BackendSpec
 
 
 class OmniLearnController(BaseController):

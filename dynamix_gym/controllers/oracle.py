@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
+from sim.protocol import BackendSpec
 
 #: Ground-truth models (callables) and values the oracle reads from ``report.truth``.
 _TRUTH_KEYS = ("compute_time_s", "iteration_time_s", "progress_per_step")

@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.optimize
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.threads import single_blas_thread
 from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
+from sim.protocol import BackendSpec
 
 #: Parameter order of the throughput model (AdaptDL's ``PerfParams``).
 PERF_PARAMS: tuple[str, ...] = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")

@@ -15,7 +15,6 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 
-from dynamix_gym.backend import BackendSpec
 from dynamix_gym.controllers.base import BaseController, memory_global_batch
 from dynamix_gym.controllers.split import equal_time_split, fill_to_total, round_to_total
 from dynamix_gym.controllers.threads import single_blas_thread
@@ -25,6 +24,7 @@ from dynamix_gym.stats import (
     statistical_efficiency,
     two_batch_estimates,
 )
+from sim.protocol import BackendSpec
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.backend import IntervalReport
 from dynamix_gym.backends.sim_backend import simulator_spec
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import ElasticJob
 from sim.pool import PoolSpec
+from sim.protocol import IntervalReport
 
 
 class ElasticSimBackend:

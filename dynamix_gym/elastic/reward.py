@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dynamix_gym.reward import config_from_any
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 from sim.validation import check_choice, check_range
 
 ELASTIC_REWARD_KINDS = ("scheduler", "cost")

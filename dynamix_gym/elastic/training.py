@@ -4,7 +4,7 @@
     python -m experiments.train experiment=train_elastic_ppo
     python -m experiments.train experiment=train_elastic_sac
 
-Bundles are the project's bundle directories (:func:`dynamix_gym.bundle.save_bundle`) whose
+Bundles are the project's bundle directories (:func:`dynamix_gym.controllers.bundle.save_bundle`) whose
 ``bundle.json`` metadata names the env id, the algorithm and the action form, so a loader builds the
 right SB3 class and refuses an env whose spaces differ.
 """
@@ -24,7 +24,7 @@ import torch
 from stable_baselines3 import PPO, SAC, TD3
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
 
-from dynamix_gym.bundle import BundleMeta, BundleMismatchError, ObsNorm, save_bundle
+from dynamix_gym.controllers.bundle import BundleMeta, BundleMismatchError, ObsNorm, save_bundle
 from dynamix_gym.elastic.baselines import ElasticSpec, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.envs.elastic_cluster import LR_CHOICES, ElasticClusterEnv

@@ -10,9 +10,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from dynamix_gym.backend import Backend, IntervalReport
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
+from sim.protocol import Backend, IntervalReport
 
 ACTION_MODES = ("delta", "absolute", "continuous", "scale")
 #: the discrete modes: one step of ``action_set`` per worker, with :meth:`HeteroClusterEnv.action_masks`
@@ -124,7 +124,7 @@ class HeteroClusterEnv(gym.Env):
     mode); ``obs_schema`` is 1 (absolute, DYNAMIX's) or 2 (scale-free). ``workers=N``
     builds the default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`)
     replaces the simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or
-    a config. ``profile`` (a calibrated cluster profile's path or name, :mod:`sim.calibration`)
+    a config. ``profile`` (a calibrated cluster profile's path or name, :mod:`sim.profile`)
     makes the simulator use its fitted models; ``cluster`` and ``workload`` then default to the
     profile's (``None`` otherwise means ``"t4v100"`` and ``"cifar10"``).
 

@@ -24,7 +24,7 @@ class ParallelClusterEnv(ParallelEnv):
     :class:`HeteroClusterEnv` seen by the multi-agent RL ecosystem: each worker of the cluster is
     an agent (``"worker_0"`` ... ``"worker_{N-1}"``) that sets its own local batch, all at once,
     every interval, from its own features plus the cluster-wide ones. It is the per-worker problem
-    of :class:`~dynamix_gym.vec_env.PerWorkerVecEnv` (SB3, parameter sharing) in PettingZoo's
+    of :class:`~dynamix_gym.envs.vec_env.PerWorkerVecEnv` (SB3, parameter sharing) in PettingZoo's
     ``ParallelEnv`` interface, for MAPPO/IPPO-style trainers (and SuperSuit's conversions). The
     backend, observation encoder, action handling and reward are the wrapped
     :class:`HeteroClusterEnv`'s own: nothing is recomputed here.

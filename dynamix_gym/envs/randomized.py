@@ -10,9 +10,9 @@ import numpy as np
 
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from sim.calibration import ClusterProfile, load_profile
 from sim.cluster import mixed_cluster
 from sim.faults import FaultWindow, get_scenario, scale_intensity
+from sim.profile import ClusterProfile, load_profile
 from sim.validation import check_int, check_min_max, check_range
 
 

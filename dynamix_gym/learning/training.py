@@ -20,11 +20,18 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
 
-from dynamix_gym.bundle import BundleMeta, ObsNorm, PolicyBundle, PPOController, load_bundle, save_bundle
+from dynamix_gym.controllers.bundle import (
+    BundleMeta,
+    ObsNorm,
+    PolicyBundle,
+    PPOController,
+    load_bundle,
+    save_bundle,
+)
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.vec_env import PerWorkerVecEnv
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +64,7 @@ class TrainConfig:
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
     finetune_from: str | None = None  # start from this bundle instead of a fresh policy
     # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
-    # {"expert": "oracle", "episodes": 120, "epochs": 20}; see dynamix_gym.imitation.
+    # {"expert": "oracle", "episodes": 120, "epochs": 20}; see dynamix_gym.learning.imitation.
     expert_pretrain: dict[str, Any] | None = None
 
 
@@ -250,9 +257,9 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, Path | None] | None:
 
 
 def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
-    """Behaviour cloning from an expert (dynamix_gym.imitation); also seeds VecNormalize's
+    """Behaviour cloning from an expert (dynamix_gym.learning.imitation); also seeds VecNormalize's
     observation and return statistics with the expert's data so PPO starts where BC left off."""
-    from dynamix_gym.imitation import collect_expert_data, pretrain
+    from dynamix_gym.learning.imitation import collect_expert_data, pretrain
 
     opts = dict(cfg.expert_pretrain or {})
     t0 = time.perf_counter()

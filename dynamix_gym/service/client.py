@@ -24,13 +24,13 @@ from typing import Any, ClassVar
 import grpc
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec, IntervalReport
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.schema import SCHEMA_VERSION
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import report_to_proto, spec_to_proto
 from dynamix_gym.service.server import MAX_MESSAGE_BYTES, TOKEN_HEADER
+from sim.protocol import BackendSpec, IntervalReport
 
 log = logging.getLogger(__name__)
 

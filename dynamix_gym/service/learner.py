@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.bundle import BundleMeta, PolicyBundle, load_bundle, save_bundle
+from dynamix_gym.controllers.bundle import BundleMeta, PolicyBundle, load_bundle, save_bundle
 from dynamix_gym.service.server import PolicyStore
 from dynamix_gym.service.translog import TransitionLog
 from sim.datafiles import atomic_write_text

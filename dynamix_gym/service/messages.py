@@ -26,9 +26,9 @@ import re
 
 import numpy as np
 
-from dynamix_gym.backend import BackendSpec, IntervalReport
 from dynamix_gym.schema import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
+from sim.protocol import BackendSpec, IntervalReport
 
 #: The largest job a service accepts (workers); bounds every per-worker array of a message.
 MAX_WORKERS = 1024

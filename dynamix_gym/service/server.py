@@ -37,8 +37,7 @@ import grpc
 import numpy as np
 import torch
 
-from dynamix_gym.backend import BackendSpec
-from dynamix_gym.bundle import BundleMismatchError, PolicyBundle
+from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import get_schema, split_centralised
@@ -52,6 +51,7 @@ from dynamix_gym.service.messages import (
     spec_from_proto,
 )
 from dynamix_gym.service.translog import TransitionLog, last_seqs
+from sim.protocol import BackendSpec
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from adapters.gpu_race import CONTROLLERS, INITIAL_BATCH, race_profile, race_sce
 from adapters.gpu_suite import PARTS, gpu_label
 from dynamix_gym.backends.sim_backend import SimBackend
 from experiments.fidelity import build_controller, controller_specs, run_one, sim_env
-from sim.calibration import load_profile
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.faults import Scenario
-from sim.fitting import REQUIRED_COLUMNS, read_profile_table
+from sim.fitting.table import REQUIRED_COLUMNS, read_profile_table
+from sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = Scenario(name="quiet", compute_noise_cv=0.0, measurement_noise_cv=0.0)

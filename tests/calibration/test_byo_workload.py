@@ -16,11 +16,11 @@ from hydra import compose, initialize_config_dir
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from experiments.calibrate import calibrate
-from sim.calibration import load_profile
 from sim.convergence import convergence_params
 from sim.datafiles import data_path
 from sim.engine import Simulator
-from sim.fit_convergence import APP_SPECS, TRACES_FILE, fit_app
+from sim.fitting.convergence import APP_SPECS, TRACES_FILE, fit_app
+from sim.profile import load_profile
 from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS
 

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.calibration import load_profile
 from sim.engine import Simulator
-from sim.fitting import read_profile_table
+from sim.fitting.table import read_profile_table
+from sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)

@@ -9,19 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dynamix_gym.calibration import (
-    IterationPredictor,
-    ppo_advantage,
-    ranking,
-    speeds_at,
-    tta_table,
-    wait_for_quiet,
-)
-from sim.calibration import ProfiledNodeSpec, write_profile
+from dynamix_gym.measurement.compare import IterationPredictor, ppo_advantage, ranking, speeds_at, tta_table
+from dynamix_gym.measurement.profiling import wait_for_quiet
 from sim.cluster import ClusterSpec
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeParams
 from sim.network import CommParams
+from sim.profile import ProfiledNodeSpec, write_profile
 from sim.workloads import Workload
 
 SCENARIO = Scenario(

@@ -16,27 +16,21 @@ import pandas as pd
 import pytest
 
 from dynamix_gym.backends.sim_backend import SimBackend
-from dynamix_gym.calibration import adascale_gain, profile_ladder, reference_rows
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from sim import calibration as calib
-from sim.calibration import (
-    ClusterProfile,
-    Curve,
-    ProfiledNodeSpec,
-    fit_convergence_curves,
-    holdout_errors,
-    load_profile,
-    step_time_s,
-    write_profile,
-)
+from dynamix_gym.measurement.profiling import adascale_gain, profile_ladder, reference_rows
+from sim import profile as calib
 from sim.cluster import ClusterSpec
 from sim.convergence import ConvergenceModel, convergence_params
 from sim.engine import Simulator
 from sim.faults import Scenario
-from sim.fit_convergence import progress_to_accuracy, steps_to_progress
-from sim.fitting import fit_all, read_profile_table
+from sim.fitting.curves import Curve, fit_convergence_curves
+from sim.fitting.hardware import fit_all
+from sim.fitting.step_time import holdout_errors, step_time_s
+from sim.fitting.table import read_profile_table
+from sim.fitting.tradeoff import progress_to_accuracy, steps_to_progress
 from sim.hardware import ComputeParams
 from sim.network import CommParams
+from sim.profile import ClusterProfile, ProfiledNodeSpec, load_profile, write_profile
 from sim.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +133,7 @@ def test_calibrating_the_simulator_against_itself_recovers_its_models(tmp_path):
 def test_profile_ladder_stops_at_its_budget_and_says_what_it_skipped(tmp_path, monkeypatch):
     toy_profile(tmp_path / "p")
     clock = {"t": 0.0}
-    monkeypatch.setattr("dynamix_gym.calibration.time.monotonic", lambda: clock["t"])
+    monkeypatch.setattr("dynamix_gym.measurement.profiling.time.monotonic", lambda: clock["t"])
     backend = SimBackend(scenario=NO_NOISE, profile=tmp_path / "p")
     run = backend.run_interval
 

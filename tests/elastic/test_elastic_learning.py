@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynamix_gym.bundle import BundleMismatchError
+from dynamix_gym.controllers.bundle import BundleMismatchError
 from dynamix_gym.elastic.baselines import ElasticSpec, FixedAllocation, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.elastic.hindsight import hindsight_fixed_allocation

@@ -8,7 +8,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
 from dynamix_gym import OBS_SCHEMA, HeteroClusterEnv
-from dynamix_gym.vec_env import PerWorkerVecEnv
+from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 
 
 def test_ppo_trains_on_per_worker_form_and_drives_a_larger_cluster():

@@ -17,10 +17,10 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
-from dynamix_gym.bundle import BundleMeta, BundleMismatchError, PPOController, save_bundle
+from dynamix_gym.controllers.bundle import BundleMeta, BundleMismatchError, PPOController, save_bundle
 from dynamix_gym.envs.hetero_cluster import DEFAULT_SCALE_SET
+from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.vec_env import PerWorkerVecEnv
 
 
 def _plain_mask(batches, spec, mode, steps) -> list[list[bool]]:

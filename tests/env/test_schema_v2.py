@@ -18,14 +18,20 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from test_encoding_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
-from dynamix_gym.bundle import BundleMeta, BundleMismatchError, PPOController, load_bundle, save_bundle
+from dynamix_gym.controllers.bundle import (
+    BundleMeta,
+    BundleMismatchError,
+    PPOController,
+    load_bundle,
+    save_bundle,
+)
+from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.schema import OBS_SCHEMA, get_schema, make_encoder
 from dynamix_gym.schema_v2 import OBS_SCHEMA_V2, ScaleFreeEncoder
 from dynamix_gym.stats import MAX_NOISE_SCALE
-from dynamix_gym.vec_env import PerWorkerVecEnv
 from sim.cluster import homogeneous_cluster
-from sim.report import IntervalReport
+from sim.protocol import IntervalReport
 
 W_FEATURES, G_FEATURES = OBS_SCHEMA_V2.worker_features, OBS_SCHEMA_V2.global_features
 MSS = 1448

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dynamix_gym.bundle import load_bundle
+from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 
 BUNDLE = Path(__file__).resolve().parents[2] / "results" / "headline" / "policy"

@@ -17,7 +17,7 @@ from dynamix_gym.service.messages import (
     spec_from_proto,
     spec_to_proto,
 )
-from sim.report import WORKER_FIELDS
+from sim.protocol import WORKER_FIELDS
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def test_service_killed_mid_run_restarts_and_the_job_trains_on(tmp_path):
 def test_bundles_the_service_cannot_drive_are_refused(bundle):
     from dataclasses import replace
 
-    from dynamix_gym.bundle import BundleMismatchError, PolicyBundle
+    from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 
     scale = PolicyBundle(
         bundle.path, replace(bundle.meta, action_mode="scale"), bundle.model, bundle.obs_norm

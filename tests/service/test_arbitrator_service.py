@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import TOKEN, Running, run_in_threads
 
-from dynamix_gym.bundle import PPOController
+from dynamix_gym.controllers.bundle import PPOController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service import arbitrator_pb2 as pb

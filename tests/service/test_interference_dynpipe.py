@@ -11,9 +11,14 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from dynamix_gym.controllers.dynpipe_dp import DynPipeDPController
+from dynamix_gym.controllers.interference import (
+    FEATURES,
+    InterferenceFeatures,
+    SlowdownPredictor,
+    true_slowdown,
+)
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.interference import FEATURES, InterferenceFeatures, SlowdownPredictor, true_slowdown
 from sim.faults import get_scenario, scale_intensity
 
 ROOT = Path(__file__).resolve().parents[2]

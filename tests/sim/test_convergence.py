@@ -22,7 +22,8 @@ from sim.convergence import (
     convergence_table,
 )
 from sim.datafiles import data_path
-from sim.fit_convergence import TRACES_FILE, TRADEOFF_FILE, fit_app, load_traces
+from sim.fitting.convergence import TRACES_FILE, fit_app, load_traces
+from sim.fitting.tradeoff import TRADEOFF_FILE
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
 from sim.workloads import WORKLOADS, get_workload

@@ -13,7 +13,7 @@ from sim.cluster import default_cluster, mixed_cluster
 from sim.engine import Simulator
 from sim.faults import FaultWindow, NetworkSpec, Scenario
 from sim.hardware import ComputeModel, compute_params
-from sim.report import WORKER_FIELDS
+from sim.protocol import WORKER_FIELDS
 
 QUIET = dict(compute_noise_cv=0.0, measurement_noise_cv=0.0)
 

@@ -1,4 +1,4 @@
-"""Fitting of the compute / communication models (sim.fitting, experiments.fit_hardware)."""
+"""Fitting of the compute / communication models (sim.fitting.hardware, experiments.fit_hardware)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,16 @@ import pandas as pd
 import pytest
 
 from sim.datafiles import data_path
-from sim.fitting import (
+from sim.fitting.comm import fit_comm
+from sim.fitting.hardware import (
     HOST_FLOOR_PAIRS,
     SOURCE_ONE_GPU,
     SOURCE_PLACEMENT_MEDIAN,
-    compute_source,
-    compute_times,
     fit_all,
-    fit_comm,
     fit_compute,
     loo_mdape,
-    read_profile_table,
 )
+from sim.fitting.table import compute_source, compute_times, read_profile_table
 from sim.hardware import ComputeModel, ComputeParams, compute_params, compute_table, smooth_max
 from sim.network import CommModel, CommParams, comm_table
 

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from dynamix_gym.imitation import collect_expert_data, expert_deltas
-from dynamix_gym.training import TrainConfig, train
+from dynamix_gym.learning.imitation import collect_expert_data, expert_deltas
+from dynamix_gym.learning.training import TrainConfig, train
 
 ACTIONS = np.array([-100, -25, 0, 25, 100])
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from dynamix_gym import OBS_SCHEMA, HeteroClusterEnv
-from dynamix_gym.bundle import BundleMismatchError, PPOController, load_bundle
+from dynamix_gym.controllers.bundle import BundleMismatchError, PPOController, load_bundle
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.training import TrainConfig, latest_checkpoint, train
+from dynamix_gym.learning.training import TrainConfig, latest_checkpoint, train
 
 TINY = dict(
     total_timesteps=1200,

@@ -1,0 +1,233 @@
+"""Step-time fits of a calibrated profile: the floor-free (additive) compute model for CPU ranks,
+the fit of a profile's measured table and the held-out check of the fitted step times."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sim.hardware import ComputeModel, ComputeParams
+from sim.network import CommModel, CommParams
+from sim.validation import check_int
+
+# --------------------------------------------------------------------------------------------
+# Fitting: sim.fitting.hardware's fits, with a floor-free compute model for CPU ranks
+# --------------------------------------------------------------------------------------------
+
+#: Why some worker types are fitted without a host floor (``additive_types``).
+ADDITIVE_RULE = (
+    "host_s held at 0 (T_compute = alpha_s + beta_s * b**exponent) for worker types whose whole step runs "
+    "on the device that a slow-down slows: a CPU rank slices its input, runs forward and backward on the "
+    "same core, and the real adapter emulates a slower worker by stretching all of it, so no part of the "
+    "fixed cost may escape the simulator's gpu_slowdown"
+)
+
+
+def _fit_additive(b: np.ndarray, t: np.ndarray, exponent: float | None) -> tuple[float, float, float, float]:
+    """Least squares on log residuals of ``alpha + beta * b**e`` (normalised units, soft_l1 loss with
+    :data:`sim.fitting.hardware.LOSS_SCALE`, fixed initial guesses): (alpha_s, beta_s, exponent, cost)."""
+    from scipy.optimize import least_squares
+
+    from sim.fitting.hardware import EXPONENT_BOUNDS, LOSS_SCALE
+
+    ts, bmax = float(np.median(t)), float(b.max())
+    x, log_y = b / bmax, np.log(t / ts)
+    free = exponent is None
+
+    def unpack(p: np.ndarray) -> tuple[float, float, float]:
+        return p[0], p[1], (p[2] if free else float(exponent))
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        a, c, e = unpack(p)
+        return np.log(a + c * x**e) - log_y
+
+    slope, intercept = np.polyfit(x, t / ts, 1)
+    starts = [(max(float(intercept), 1e-3), max(float(slope), 1e-3))]
+    starts.append((0.5 * float(np.min(t / ts)), float(np.max(t / ts))))
+    best = None
+    for a0, c0 in starts:
+        for e0 in (0.75, 1.0, 1.25) if free else (float(exponent),):
+            p0 = [a0, c0] + ([e0] if free else [])
+            lo = [0.0, 1e-9] + ([EXPONENT_BOUNDS[0]] if free else [])
+            hi = [np.inf, np.inf] + ([EXPONENT_BOUNDS[1]] if free else [])
+            res = least_squares(
+                residuals,
+                np.clip(p0, lo, hi),
+                bounds=(lo, hi),
+                loss="soft_l1",
+                f_scale=LOSS_SCALE,
+                x_scale="jac",
+            )
+            if best is None or res.cost < best.cost - 1e-12:
+                best = res
+    a, c, e = unpack(best.x)
+    return a * ts, c * ts / bmax**e, e, float(best.cost)
+
+
+def _loo_additive(b: np.ndarray, t: np.ndarray, exponent: float | None) -> tuple[float, dict[int, float]]:
+    errors = {}
+    for i in range(b.size):
+        keep = np.arange(b.size) != i
+        a, c, e, _ = _fit_additive(b[keep], t[keep], exponent)
+        errors[int(b[i])] = abs((a + c * b[i] ** e) / t[i] - 1.0)
+    return float(np.median(list(errors.values()))), errors
+
+
+def fit_compute_additive(
+    local_batch: Sequence[float],
+    compute_time_s: Sequence[float],
+    gpu: str,
+    app: str,
+    max_batch: int | None = None,
+) -> tuple[ComputeParams, dict[str, Any]]:
+    """Fit ``T_compute(b) = alpha_s + beta_s * b ** exponent`` with ``host_s = 0`` (:data:`ADDITIVE_RULE`),
+    the exponent fixed at 1 or free by :data:`sim.fitting.hardware.EXPONENT_RULE` (leave-one-batch-size-out)."""
+    from sim.fitting.hardware import EXPONENT_MIN_GAIN
+
+    order = np.argsort(np.asarray(local_batch, dtype=np.float64))
+    b = np.asarray(local_batch, dtype=np.float64)[order]
+    t = np.asarray(compute_time_s, dtype=np.float64)[order]
+    if b.size < 2 or np.any(t <= 0) or np.any(b < 1):
+        raise ValueError(f"{gpu}/{app}: fitting a compute model needs >= 2 batch sizes >= 1 with times > 0")
+    if b.size >= 3:
+        fixed, fixed_per = _loo_additive(b, t, 1.0)
+        free, free_per = _loo_additive(b, t, None)
+    else:
+        fixed = free = math.nan
+        fixed_per = free_per = {}
+    use_free = bool(free <= (1.0 - EXPONENT_MIN_GAIN) * fixed)
+    a, c, e, _ = _fit_additive(b, t, None if use_free else 1.0)
+    rel = (a + c * b**e) / t - 1.0
+    params = ComputeParams(
+        gpu=gpu, app=app, alpha_s=a, beta_s=c, exponent=e, host_s=0.0, k=1.0,
+        max_batch=int(max_batch if max_batch is not None else b.max()),
+        loo_mdape=free if use_free else fixed, fit_mape=float(np.mean(np.abs(rel))),
+    )  # fmt: skip
+    report = {
+        "exponent_mode": "free" if use_free else "fixed",
+        "loo_mdape_fixed": fixed,
+        "loo_mdape_free": free,
+        "loo_per_batch": free_per if use_free else fixed_per,
+        "residual_per_batch": {int(bb): float(r) for bb, r in zip(b, rel, strict=True)},
+        "host_floor": ADDITIVE_RULE,
+    }
+    return params, report
+
+
+def fit_models(
+    table: Any, additive_types: Sequence[str] = (), host_floor_pairs: Sequence[tuple[str, str]] = ()
+) -> tuple[list[ComputeParams], list[CommParams], dict[tuple[str, str], dict[str, Any]]]:
+    """:func:`sim.fitting.hardware.fit_all`, except that worker types in ``additive_types`` get
+    :func:`fit_compute_additive` (and their all-reduce model refitted to it with
+    :func:`sim.fitting.comm.fit_comm_report`)."""
+    from sim.fitting.comm import fit_comm_report
+    from sim.fitting.hardware import fit_all
+    from sim.fitting.table import compute_times, read_profile_table
+
+    df = read_profile_table(table)
+    computes, comms, diags = fit_all(df, host_floor_pairs)
+    add = set(additive_types)
+    if not add:
+        return computes, comms, diags
+    cmap = {(p.gpu, p.app): p for p in computes}
+    nmap = {(p.gpu, p.app): p for p in comms}
+    for (gpu, app), pair in df.groupby(["gpu", "app"], sort=True):
+        if gpu not in add:
+            continue
+        times = compute_times(pair).dropna(subset=["compute_time_s"])
+        params, rep = fit_compute_additive(
+            times["local_batch"], times["compute_time_s"], str(gpu), str(app), int(pair["local_batch"].max())
+        )
+        cmap[(gpu, app)] = params
+        diags[(gpu, app)].update(rep, alpha_held_zero=False)
+        if (pair["num_gpus"] > 1).any():
+            comm, crep = fit_comm_report(pair, params)
+            nmap[(gpu, app)] = comm
+            diags[(gpu, app)]["comm"] = crep.__dict__
+    return [cmap[k] for k in sorted(cmap)], [nmap[k] for k in sorted(nmap)], diags
+
+
+# --------------------------------------------------------------------------------------------
+# Step-time predictions and the held-out check
+# --------------------------------------------------------------------------------------------
+
+
+def step_time_s(
+    compute: ComputeParams,
+    comm: CommParams | None,
+    local_batch: np.ndarray | float,
+    replicas: int,
+    nodes: int = 1,
+) -> np.ndarray:
+    """The simulator's noise-free step time with every one of ``replicas`` workers at ``local_batch``:
+    ``smooth_max_gamma(T_compute(b), T_sync(R, nodes))`` (``T_compute`` alone for one replica)."""
+    t_comp = ComputeModel(compute).compute_time_s(local_batch)
+    if replicas <= 1 or comm is None:
+        return np.asarray(t_comp, dtype=np.float64)
+    model = CommModel([comm], replicas, nodes, model_bytes=0.0)
+    return model.iteration_time_s(t_comp, model.sync_time_s())
+
+
+def holdout_split(table: Any, every: int = 2) -> tuple[Any, Any]:
+    """Split a validated profile table by local batch: per (gpu, app), of the distinct batches in
+    ascending order, every ``every``-th starting with the second is held out, except the largest
+    (so held-out batches are interpolated, never extrapolated). Returns (fit rows, held-out rows)."""
+    check_int("holdout every", every, 2)
+    held = np.zeros(len(table), dtype=bool)
+    for _, pair in table.groupby(["gpu", "app"], sort=True):
+        batches = np.sort(pair["local_batch"].unique())
+        out = set(batches[1:-1:every].tolist())
+        held[pair.index[pair["local_batch"].isin(out)]] = True
+    return table[~held].reset_index(drop=True), table[held].reset_index(drop=True)
+
+
+def holdout_errors(
+    table: Any,
+    every: int = 2,
+    host_floor_pairs: Sequence[tuple[str, str]] = (),
+    additive_types: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Fit on part of the batch ladder and predict the rest (see :func:`holdout_split`).
+
+    The fit is :func:`fit_models` on the kept rows; every held-out row's step time is predicted
+    with :func:`step_time_s`.
+
+    Returns:
+        ``rows`` (one dict per held-out row: gpu, app, workers, local batch, measured and
+        predicted step time, APE) and ``mdape`` per worker type (a fraction), plus the pooled
+        ``mdape_all``.
+    """
+    from sim.fitting.table import read_profile_table
+
+    df = read_profile_table(table)
+    fit_rows, test_rows = holdout_split(df, every)
+    if test_rows.empty:
+        raise ValueError(
+            "the batch ladder is too short to hold batches out: it needs at least 3 local batches per pair"
+        )
+    computes, comms, _ = fit_models(fit_rows, additive_types, host_floor_pairs)
+    cmap = {(p.gpu, p.app): p for p in computes}
+    nmap = {(p.gpu, p.app): p for p in comms}
+    rows = []
+    for r in test_rows.itertuples(index=False):
+        key = (r.gpu, r.app)
+        pred = float(step_time_s(cmap[key], nmap.get(key), r.local_batch, int(r.num_gpus), int(r.num_nodes)))
+        rows.append({
+            "gpu": r.gpu, "app": r.app, "workers": int(r.num_gpus), "nodes": int(r.num_nodes),
+            "local_batch": int(r.local_batch), "measured_s": float(r.step_time_s), "predicted_s": pred,
+            "ape": abs(pred / float(r.step_time_s) - 1.0),
+        })  # fmt: skip
+    by_gpu: dict[str, list[float]] = {}
+    for row in rows:
+        by_gpu.setdefault(row["gpu"], []).append(row["ape"])
+    return {
+        "rows": rows,
+        "mdape": {g: float(np.median(v)) for g, v in sorted(by_gpu.items())},
+        "mdape_all": float(np.median([r["ape"] for r in rows])),
+        "fit_batches": sorted({int(b) for b in fit_rows["local_batch"]}),
+        "held_out_batches": sorted({int(b) for b in test_rows["local_batch"]}),
+        "fit": {"compute": computes, "comm": comms},
+    }

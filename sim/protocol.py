@@ -1,0 +1,222 @@
+"""The protocol between the env and a training backend, defined once.
+
+A backend (the simulator's :class:`~dynamix_gym.backends.sim_backend.SimBackend`, the real DDP
+adapter) runs K synchronous data-parallel iterations at the local batches it is given and returns
+an :class:`IntervalReport`; :class:`BackendSpec` holds its static facts and :class:`Backend` is the
+protocol itself. The env encodes observations and computes rewards from the report alone, so every
+backend shares that code, and every controller reads only the report.
+
+The report is deliberately plain (numpy arrays and floats, no simulator types). ``truth`` is the
+simulator's hidden state (``None`` on real backends); only oracles and tests may read it. This
+module sits at the bottom of the layers (it imports numpy and :mod:`sim.workloads` only) so that
+the simulator can fill the record without importing the gym.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from sim.workloads import ACCURACY, QualityMetric
+
+#: Per-worker fields (arrays of shape (num_workers,)), in a stable order.
+WORKER_FIELDS: tuple[str, ...] = (
+    "local_batch",
+    "alive",
+    "iteration_time_s",
+    "compute_time_s",
+    "idle_time_s",
+    "samples_per_s",
+    "net_bytes_per_s",
+    "tcp_retransmissions",
+    "cpu_util",
+    "mem_util",
+    "gpu_util",
+    "gpu_mem_util",
+    "batch_accuracy",
+    "batch_loss",
+    "grad_norm_mean",
+    "grad_norm_var",
+    "local_grad_sqr",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class IntervalReport:
+    """Measurements of one interval of ``iterations`` synchronous data-parallel iterations.
+
+    Per-worker arrays (shape ``(num_workers,)``) hold means over the interval's iterations unless
+    stated otherwise. Utilisations are fractions in [0, 1].
+    """
+
+    # --- per worker ---
+    local_batch: np.ndarray  # int64: the local batch each worker ran
+    alive: np.ndarray  # bool: worker took part in the interval
+    iteration_time_s: np.ndarray  # wall time per iteration seen by the worker
+    compute_time_s: np.ndarray  # input pipeline + forward + backward per iteration
+    idle_time_s: np.ndarray  # waiting for the slowest worker at the barrier, per iteration
+    samples_per_s: np.ndarray  # local samples per second of wall time
+    net_bytes_per_s: np.ndarray  # gradient traffic sent by the worker, bytes/s
+    tcp_retransmissions: np.ndarray  # TCP segments retransmitted during the interval (count)
+    cpu_util: np.ndarray
+    mem_util: np.ndarray  # host memory
+    gpu_util: np.ndarray  # fraction of wall time the device computed
+    gpu_mem_util: np.ndarray  # device memory (0 on CPU backends)
+    batch_accuracy: np.ndarray  # training-batch accuracy over the interval
+    batch_loss: np.ndarray
+    grad_norm_mean: np.ndarray  # mean of the local gradient norm |g_i| over iterations
+    grad_norm_var: np.ndarray  # variance of |g_i| over iterations
+    local_grad_sqr: np.ndarray  # mean |g_i|^2 of the local (batch b_i) gradient
+    # --- global ---
+    iterations: int
+    interval_time_s: float  # wall time of the interval, reconfiguration included
+    wall_time_s: float  # wall clock since the run started, at the end of the interval
+    reconfig_time_s: float  # time spent applying batch changes at the start of the interval
+    comm_time_s: float  # exposed (non-overlapped) all-reduce per iteration
+    global_batch: int
+    global_grad_sqr: float  # mean |g|^2 of the all-reduced gradient (batch = global_batch)
+    val_accuracy: float
+    val_loss: float
+    samples: int  # samples processed during the interval
+    epoch: float  # epochs of the training set completed so far
+    events: tuple[str, ...] = ()  # faults or failures that started or ended during the interval
+    truth: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Field-by-field equality (arrays elementwise; in ``truth``, callables are skipped)."""
+        if not isinstance(other, IntervalReport):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "truth":
+                if (a is None) != (b is None):
+                    return False
+                if a is not None:
+                    a = {k: v for k, v in a.items() if not callable(v)}
+                    b = {k: v for k, v in b.items() if not callable(v)}
+                    if a.keys() != b.keys() or not all(np.array_equal(a[k], b[k]) for k in a):
+                        return False
+            elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        # Pickling (e.g. across SubprocVecEnv pipes) keeps the data and drops the ground-truth
+        # callables, which hold the live simulator.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.truth is not None:
+            state["truth"] = {k: v for k, v in self.truth.items() if not callable(v)}
+        return (_rebuild_report, (state,))
+
+    def __deepcopy__(self, memo: dict) -> IntervalReport:
+        # Reports are immutable records (vectorised envs deep-copy infos every step): share them.
+        return self
+
+    def __copy__(self) -> IntervalReport:
+        return self
+
+    @property
+    def num_workers(self) -> int:
+        return int(self.local_batch.shape[0])
+
+    def worker_arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in WORKER_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (lists and floats) for logs and CSV/JSON writers."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray):
+                v = v.tolist()
+            out[f.name] = v
+        return out
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if a field has the wrong shape or a non-finite / negative value."""
+        n = self.num_workers
+        for name in WORKER_FIELDS:
+            arr = np.asarray(getattr(self, name))
+            if arr.shape != (n,):
+                raise ValueError(f"IntervalReport.{name} has shape {arr.shape}, expected ({n},)")
+            if arr.dtype != bool and not np.all(np.isfinite(arr)):
+                raise ValueError(f"IntervalReport.{name} holds non-finite values: {arr}")
+            if arr.dtype != bool and np.any(arr < 0):
+                raise ValueError(f"IntervalReport.{name} holds negative values: {arr}")
+        for name in (
+            "interval_time_s",
+            "wall_time_s",
+            "comm_time_s",
+            "global_grad_sqr",
+            "val_accuracy",
+            "val_loss",
+        ):
+            v = float(getattr(self, name))
+            if not np.isfinite(v) or v < 0:
+                raise ValueError(f"IntervalReport.{name} must be finite and >= 0, got {v}")
+
+
+def _rebuild_report(state: dict[str, Any]) -> IntervalReport:
+    return IntervalReport(**state)
+
+
+@dataclass(frozen=True, eq=False)
+class BackendSpec:
+    """Static facts about a backend's cluster and workload."""
+
+    gpu_types: tuple[str, ...]
+    node_of_worker: tuple[int, ...]
+    min_batch: np.ndarray  # (N,) smallest local batch per worker
+    max_batch: np.ndarray  # (N,) largest local batch per worker (memory cap)
+    initial_batch: np.ndarray  # (N,) local batches of the first interval
+    base_batch: int  # M0: the batch that progress and statistical efficiency are relative to
+    target_accuracy: float  # validation quality (a rising fraction, sim.workloads) that ends an episode
+    time_budget_s: float  # wall-clock budget of an episode
+    num_classes: int
+    workload: str
+    deterministic: bool  # same seed, same reports
+    #: the workload's validation metric: reports carry it as the quality ``val_accuracy``, tables
+    #: show ``metric.from_quality(val_accuracy)`` in the metric's own units
+    metric: QualityMetric = ACCURACY
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.gpu_types)
+
+    def __post_init__(self) -> None:
+        n = len(self.gpu_types)
+        for name in ("min_batch", "max_batch", "initial_batch"):
+            arr = np.asarray(getattr(self, name))
+            if arr.shape != (n,):
+                raise ValueError(f"BackendSpec.{name} must have shape ({n},), got {arr.shape}")
+        if np.any(self.min_batch > self.max_batch):
+            raise ValueError("BackendSpec.min_batch must not exceed max_batch")
+        if np.any((self.initial_batch < self.min_batch) | (self.initial_batch > self.max_batch)):
+            raise ValueError(
+                f"BackendSpec.initial_batch {self.initial_batch.tolist()} must lie in "
+                f"[min_batch, max_batch] = [{self.min_batch.tolist()}, {self.max_batch.tolist()}]"
+            )
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A training system the env can drive."""
+
+    spec: BackendSpec
+
+    def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
+        """Start a fresh training run (fresh model, clock at zero)."""
+
+    def run_interval(self, local_batches: np.ndarray, iterations: int) -> IntervalReport:
+        """Run ``iterations`` synchronous iterations at ``local_batches`` (one per worker)."""
+
+    def close(self) -> None:
+        """Release processes and resources; safe to call twice."""

@@ -21,7 +21,7 @@ from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.faults import get_scenario, scale_intensity
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_forest_separates_slowed_from_unslowed_workers_on_a_fresh_run():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PKG = "dynamix_gym/service"
 #: Lines that name the generator's version: a newer grpcio-tools may write other numbers.
 VERSIONS = [

@@ -33,7 +33,7 @@ from sim.network import CommParams
 from sim.profile import ClusterProfile, ProfiledNodeSpec, load_profile, write_profile
 from sim.workloads import Workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 TRUE_COMPUTE = ComputeParams(
     gpu="cpu-test", app="toy", alpha_s=0.0005, beta_s=6e-5, exponent=1.0, host_s=0.004, k=8.0, max_batch=512

@@ -35,7 +35,7 @@ from sim.protocol import IntervalReport
 
 W_FEATURES, G_FEATURES = OBS_SCHEMA_V2.worker_features, OBS_SCHEMA_V2.global_features
 MSS = 1448
-HEADLINE_BUNDLE = Path(__file__).resolve().parents[2] / "results" / "headline" / "policy"
+HEADLINE_BUNDLE = Path(__file__).resolve().parents[3] / "results" / "headline" / "policy"
 
 
 class ReferenceV2:

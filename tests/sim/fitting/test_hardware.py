@@ -25,7 +25,7 @@ from sim.fitting.table import compute_source, compute_times, read_profile_table
 from sim.hardware import ComputeModel, ComputeParams, compute_params, compute_table, smooth_max
 from sim.network import CommModel, CommParams, comm_table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REFERENCE = data_path("reference/throughput_profiles.csv")
 TARGET_GPUS = ("T4", "V100")
 APPS = ("cifar10", "imagenet", "bert", "ncf")

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "adapters" / "examples" / "torchrun_elastic.py"
 CHECKPOINT_EVERY = 20
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -14,7 +14,7 @@ from conftest import TOKEN
 from dynamix_gym.service.translog import read_log
 
 JOB = Path(__file__).with_name("ddp_job.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _torchrun(address: str, out: Path) -> dict:

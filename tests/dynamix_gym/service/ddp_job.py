@@ -1,6 +1,6 @@
-"""A tiny DDP job whose batches come from the arbitrator (tests/service/test_arbitrator_torchrun.py).
+"""A tiny DDP job whose batches come from the arbitrator (tests/dynamix_gym/service/test_arbitrator_torchrun.py).
 
-DYNAMIX_ARBITRATOR_TOKEN=... torchrun --standalone --nproc-per-node 2 tests/service/ddp_job.py ADDRESS OUT
+DYNAMIX_ARBITRATOR_TOKEN=... torchrun --standalone --nproc-per-node 2 tests/dynamix_gym/service/ddp_job.py ADDRESS OUT
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import torch
 from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 
-BUNDLE = Path(__file__).resolve().parents[2] / "results" / "headline" / "policy"
+BUNDLE = Path(__file__).resolve().parents[3] / "results" / "headline" / "policy"
 TOKEN = "test-token-0123456789abcdef"
 
 

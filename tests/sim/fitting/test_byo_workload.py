@@ -24,7 +24,7 @@ from sim.profile import load_profile
 from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TARGET_WER = 15.0
 
 

@@ -31,7 +31,7 @@ from dynamix_gym.controllers.split import equal_time_split, fill_to_total, round
 from dynamix_gym.evaluation import run_episode
 from sim.faults import SCENARIOS, FaultWindow, Scenario
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "controller"
+CONF = Path(__file__).resolve().parents[3] / "conf" / "controller"
 SEEDS = (200, 201, 202)
 #: A deterministic throttle of T4 worker 0 to 30% speed (scenario for the REX trigger test).
 THROTTLE_ON_S, THROTTLE_FOR_S = 150.0, 150.0

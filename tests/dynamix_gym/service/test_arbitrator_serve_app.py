@@ -18,7 +18,7 @@ from dynamix_gym.service.translog import read_log
 from experiments.bench_serve import ServiceProcess
 from experiments.serve import make_validator, serve
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cfg(*overrides: str):

@@ -116,7 +116,7 @@ def test_schema_and_action_set_mismatches_are_refused(tmp_path):
         load_bundle(tmp_path)
 
 
-FIDELITY_PROFILE = Path(__file__).resolve().parents[2] / "results" / "fidelity" / "profile"
+FIDELITY_PROFILE = Path(__file__).resolve().parents[3] / "results" / "fidelity" / "profile"
 PROFILE_DOMAIN = {
     "profile": str(FIDELITY_PROFILE),
     "scenarios": ["static_hetero"],

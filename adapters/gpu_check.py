@@ -48,7 +48,7 @@ def main() -> int:
         )
         return 0
     from adapters.ddp_env import make_real_ddp_env
-    from adapters.torchrun import resolve_policy
+    from dynamix_gym.controllers.registry import make_controller
     from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
 
     print(f"device: {torch.cuda.get_device_name(0)}")
@@ -72,7 +72,7 @@ def main() -> int:
         max_decisions=8,
     )
     try:
-        result = run_episode(env, resolve_policy("dlb"), seed=0, scenario="static_hetero")
+        result = run_episode(env, make_controller("dlb"), seed=0, scenario="static_hetero")
         report = env.unwrapped.last_report
     finally:
         env.close()

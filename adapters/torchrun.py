@@ -30,10 +30,8 @@ changes its batch at the same step boundary.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import pkgutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +45,7 @@ from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.lr import lr_gain
 from adapters.sampling import DynamicBatchSampler, loss_weight
 from dynamix_gym.controllers.base import Controller
+from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec, IntervalReport
@@ -70,39 +69,6 @@ _SCALARS = (
     "val_loss",
     "gpu_util",
 )
-
-
-def resolve_policy(policy: Controller | str | Path, **kwargs: Any) -> Controller:
-    """A controller object, a baseline's name (``dynamix_gym.controllers``, built with ``kwargs``)
-    or a PPO bundle path."""
-    if not isinstance(policy, str | Path):
-        return policy
-    path = Path(policy)
-    if path.exists():
-        from dynamix_gym.controllers.bundle import PPOController
-
-        return PPOController(path, **kwargs)
-    name = str(policy)
-    try:
-        registry = importlib.import_module("dynamix_gym.controllers.registry")
-    except ImportError:
-        registry = None
-    if registry is not None:
-        return registry.make_controller(name, **kwargs)
-    import dynamix_gym.controllers as pkg
-    from dynamix_gym.controllers.base import BaseController
-
-    found = {}
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        module = importlib.import_module(f"{pkg.__name__}.{mod.name}")
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, BaseController) and obj is not BaseController:
-                found[getattr(obj, "name", "")] = obj
-    if name not in found:
-        raise ValueError(
-            f"unknown policy {name!r}: not a bundle path nor one of {sorted(k for k in found if k)}"
-        )
-    return found[name](**kwargs)
 
 
 def _total(values: list[Any]) -> float:
@@ -253,7 +219,11 @@ class DynamixController:
             elif policy is None:
                 raise ValueError("DynamixController needs policy=<controller, name or bundle> or arbitrator=")
             else:
-                self.policy = resolve_policy(policy, **(policy_kwargs or {}))
+                self.policy = (
+                    make_controller(policy, **(policy_kwargs or {}))
+                    if isinstance(policy, str | Path)
+                    else policy
+                )
             self.env = HeteroClusterEnv(
                 backend=_SpecOnly(self.spec), interval=self.interval, action_mode=self.policy.action_mode
             )

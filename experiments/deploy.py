@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
-from adapters.torchrun import resolve_policy
+from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import plain
 from experiments.evaluate import build_specs, make_env, record_run
@@ -59,7 +59,8 @@ class ResumableController:
         return self.inner.predict(observation, info, deterministic)
 
 
-def make_controller(cfg: DictConfig) -> Any:
+def build_controller(cfg: DictConfig) -> Any:
+    """The arbitrator's client, ``policy`` (a registry name or bundle path) or the ``controller`` config."""
     if cfg.get("arbitrator"):  # the arbitrator service decides (token: $DYNAMIX_ARBITRATOR_TOKEN or a file)
         from dynamix_gym.service.client import RemoteController
 
@@ -67,7 +68,7 @@ def make_controller(cfg: DictConfig) -> Any:
             str(cfg.arbitrator), interval=int(cfg.env.interval), **(plain(cfg.get("arbitrator_kwargs")) or {})
         )
     if cfg.get("policy"):
-        return resolve_policy(str(cfg.policy), **(plain(cfg.get("policy_kwargs")) or {}))
+        return make_controller(str(cfg.policy), **(plain(cfg.get("policy_kwargs")) or {}))
     if cfg.get("controller") is None:
         raise ValueError(
             "give controller=<name> (conf/controller/<name>.yaml) or policy=<name or bundle path>"
@@ -77,7 +78,7 @@ def make_controller(cfg: DictConfig) -> Any:
 
 def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
-    controller = make_controller(cfg)
+    controller = build_controller(cfg)
     specs = build_specs(cfg)
     env = make_env(cfg, controller.action_mode, specs)
     backend = env.unwrapped.backend

@@ -1,7 +1,8 @@
-"""Controllers by name: the registry the evaluation tools and tests build baselines from."""
+"""Controllers by name or bundle path: the one factory evaluation, deployment and the drop-in build from."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dynamix_gym.controllers.base import Controller
@@ -31,14 +32,21 @@ CONTROLLERS: dict[str, type] = {
 }
 
 
-def make_controller(name: str, **kwargs: Any) -> Controller:
-    """A new controller of registry key ``name``, built with ``kwargs`` (its parameters).
+def make_controller(name_or_bundle: str | Path, **kwargs: Any) -> Controller:
+    """A new controller: registry key ``name_or_bundle`` built with ``kwargs`` (its parameters), or
+    the PPO bundle (:class:`~dynamix_gym.controllers.bundle.PPOController`) at that directory path.
+
+    ``"ppo"`` names the bundle controller too (its ``path`` in ``kwargs``, as in
+    ``conf/controller/ppo.yaml``). A registry key wins over a same-named directory.
 
     Raises:
-        ValueError: for an unknown ``name``; the message lists the known ones.
+        ValueError: for an unknown name that is no existing path; the message lists the known ones.
     """
-    try:
-        cls = CONTROLLERS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown controller {name!r}; known controllers: {sorted(CONTROLLERS)}") from None
-    return cls(**kwargs)
+    key = str(name_or_bundle)
+    if key in CONTROLLERS:
+        return CONTROLLERS[key](**kwargs)
+    if key == "ppo" or Path(key).exists():
+        from dynamix_gym.controllers.bundle import PPOController  # lazy: loads torch and SB3
+
+        return PPOController(**kwargs) if key == "ppo" else PPOController(Path(key), **kwargs)
+    raise ValueError(f"unknown controller {key!r}: not a bundle path nor one of {sorted(CONTROLLERS)}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.data import DATASETS
-from adapters.lr import LR_RULES
 from adapters.models import MODELS, NORMS
+from sim.scaling import LR_RULES
 
 DIST_BACKENDS = ("gloo", "nccl")
 

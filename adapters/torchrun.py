@@ -42,13 +42,13 @@ import torch
 import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
-from adapters.lr import lr_gain
 from adapters.sampling import DynamicBatchSampler, loss_weight
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec, IntervalReport
+from sim.scaling import lr_gain
 
 #: Per-rank scalars gathered at each interval boundary, after 2 K per-iteration times.
 _SCALARS = (
@@ -113,7 +113,7 @@ class DynamixController:
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
         min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
-        lr_rule: adascale | linear | sqrt | none (``adapters.lr``).
+        lr_rule: adascale | linear | sqrt | none (``sim.scaling``).
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
             values are used. ``None``: the interval's training accuracy and loss stand in.
         target_accuracy, time_budget_s: ``done`` turns true when either is reached.

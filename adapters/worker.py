@@ -33,9 +33,9 @@ from adapters.config import RealDDPConfig
 from adapters.data import load_dataset
 from adapters.hooks import GradStats, grad_stats_hook
 from adapters.hostmetrics import ProcessMeter
-from adapters.lr import lr_gain
 from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
+from sim.scaling import lr_gain
 
 #: One all-reduce bucket for the whole gradient: compute and waiting are then measured separately
 #: (the hook on the last bucket marks the end of local compute). Larger models get several buckets.

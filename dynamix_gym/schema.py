@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
+from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec, IntervalReport
+from sim.scaling import statistical_efficiency
 
 SCHEMA_VERSION = "1"
 

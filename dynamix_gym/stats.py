@@ -1,4 +1,5 @@
-"""Statistics that controllers and the observation encoder estimate from interval reports."""
+"""Statistics that controllers and the observation encoder estimate from interval reports (the
+gradient noise scale; the efficiency and gain formulas that use it are in :mod:`sim.scaling`)."""
 
 from __future__ import annotations
 
@@ -84,8 +85,3 @@ class NoiseScaleEstimator:
         if self.grad_sqr <= self.trace_sigma / MAX_NOISE_SCALE:
             return MAX_NOISE_SCALE
         return float(self.trace_sigma / self.grad_sqr)
-
-
-def statistical_efficiency(noise_scale: float, global_batch: float, base_batch: float) -> float:
-    """E(M) = (B_noise + M0) / (B_noise + M): progress per sample at batch M relative to M0."""
-    return (noise_scale + base_batch) / (noise_scale + global_batch)

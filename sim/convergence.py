@@ -10,14 +10,8 @@ optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch
     B_noise(p)        = M0 * exp(PCHIP(progress_knots, log_grad_var - log_grad_sqr)(p))
                                                                          # McCandlish's B_simple
     tr(Sigma)/M0 (p)  = |G|^2(p) * B_noise(p) / M0                       # per-M0-batch variance
-    E(M, p)           = (B_noise + M0) / (B_noise + M)                   # statistical efficiency
-    r_ada(M, p)       = (M / M0) * E(M, p)                               # AdaScale gain (Pollux)
-    r(M, p)           = adascale: r_ada
-                        linear:   r_ada                    (= min(M / M0, r_ada): the learning rate
-                                                            keeps up with the batch, and no step can
-                                                            use more than the gradient's information)
-                        sqrt:     min(sqrt(M / M0), r_ada)
-                        none:     min((M / M0) ** none_exponent, r_ada),  0 <= none_exponent <= 1/2
+    E(M, p), r_ada(M, p), r(M, p)                # efficiency, AdaScale gain and progress per step
+                                                 # at B_noise(p): see sim.scaling (LR_RULES)
 
 The statistics are held constant outside the fitted knots. r_ada lies in [1, M / M0] for M >= M0:
 a batch of M is worth at most M / M0 base steps, and at least one. Without learning-rate scaling
@@ -51,10 +45,10 @@ import numpy as np
 from scipy.interpolate import PchipInterpolator
 
 from sim.datafiles import data_path, load_param_table
+from sim.scaling import LR_RULES, adascale_gain, progress_gain, statistical_efficiency
 from sim.validation import check_choice, check_positive, check_range
 
 CONVERGENCE_MODELS_FILE = "convergence_models.json"
-LR_RULES = ("adascale", "linear", "sqrt", "none")
 
 _KNOT_FIELDS = ("progress_knots", "log_grad_sqr", "log_grad_var", "shape_x", "shape_y")
 
@@ -159,18 +153,12 @@ class ConvergenceModel:
 
     def efficiency(self, global_batch: float, progress: float) -> float:
         """E(M, p) = (B_noise + M0) / (B_noise + M): in (0, 1] for M >= M0."""
-        b = self.noise_scale(progress)
-        return (b + self.base_batch) / (b + global_batch)
+        return statistical_efficiency(self.noise_scale(progress), global_batch, self.base_batch)
 
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         """Base-batch steps advanced by one optimiser step at ``global_batch`` (rule dependent)."""
-        scale = global_batch / self.base_batch
-        r_ada = scale * self.efficiency(global_batch, progress)
-        if self.lr_rule in ("adascale", "linear"):
-            return r_ada
-        if self.lr_rule == "sqrt":
-            return min(math.sqrt(scale), r_ada)
-        return min(scale**self.params.none_exponent, r_ada)
+        b = self.noise_scale(progress)
+        return progress_gain(self.lr_rule, global_batch, self.base_batch, b, self.params.none_exponent)
 
     def noise_scale_many(self, progress: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`noise_scale` (for fitting and analysis, not the hot path)."""
@@ -181,7 +169,7 @@ class ConvergenceModel:
         m = np.asarray(global_batch, dtype=np.float64)
         b = self.noise_scale_many(progress)
         scale = m / self.base_batch
-        r_ada = scale * (b + self.base_batch) / (b + m)
+        r_ada = adascale_gain(m, self.base_batch, b)
         if self.lr_rule in ("adascale", "linear"):
             return r_ada
         cap = np.sqrt(scale) if self.lr_rule == "sqrt" else scale**self.params.none_exponent

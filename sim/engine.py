@@ -35,6 +35,7 @@ from sim.hardware import smooth_max
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.protocol import IntervalReport
+from sim.scaling import advance
 from sim.validation import check_int, check_range
 from sim.workloads import Workload, get_workload, min_local_batch
 
@@ -396,8 +397,7 @@ class Simulator:
                 gb = int(b[alive].sum())
                 acc.global_batch = gb
                 # Progress over the segment, midpoint rule in progress.
-                r1 = conv.progress_per_step(gb, self._progress)
-                dp = m * conv.progress_per_step(gb, self._progress + 0.5 * m * r1)
+                dp = advance(conv.progress_per_step, gb, self._progress, m)
                 if self.progress_scale != 1.0:
                     dp *= self.progress_scale
                 self._batch_memory = conv.update_batch_memory(self._batch_memory, gb, dp)

@@ -11,8 +11,9 @@ import scipy.optimize
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
 from dynamix_gym.controllers.threads import single_blas_thread
-from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
+from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec
+from sim.scaling import statistical_efficiency
 
 #: Local batches at which every worker's fitted compute time is tabulated for the split.
 _TABLE_POINTS = 96

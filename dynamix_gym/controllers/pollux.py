@@ -11,8 +11,9 @@ import scipy.optimize
 
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.threads import single_blas_thread
-from dynamix_gym.stats import NoiseScaleEstimator, statistical_efficiency
+from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec
+from sim.scaling import statistical_efficiency
 
 #: Parameter order of the throughput model (AdaptDL's ``PerfParams``).
 PERF_PARAMS: tuple[str, ...] = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")

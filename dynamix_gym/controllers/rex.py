@@ -18,13 +18,9 @@ from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 from dynamix_gym.controllers.base import BaseController, memory_global_batch
 from dynamix_gym.controllers.split import equal_time_split, fill_to_total, round_to_total
 from dynamix_gym.controllers.threads import single_blas_thread
-from dynamix_gym.stats import (
-    MAX_NOISE_SCALE,
-    NoiseScaleEstimator,
-    statistical_efficiency,
-    two_batch_estimates,
-)
+from dynamix_gym.stats import MAX_NOISE_SCALE, NoiseScaleEstimator, two_batch_estimates
 from sim.protocol import BackendSpec
+from sim.scaling import statistical_efficiency
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import Backend, IntervalReport
+from sim.scaling import estimated_adascale_gain
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +49,6 @@ class Budget:
 
     def allows(self, estimate_s: float) -> bool:
         return estimate_s <= self.remaining_s()
-
-
-def adascale_gain(global_batch: float, base_batch: float, noise_scale: float | None) -> float:
-    """r_ada = (M / M0) (B + M0) / (B + M): progress in base-batch steps of one step at ``M``.
-
-    It is the learning-rate gain of the ``adascale`` rule (``adapters.lr.lr_gain``, with the gain
-    taken as 1 before the first noise-scale estimate) and the simulator's progress per step
-    (``sim.convergence``)."""
-    if noise_scale is None:
-        return 1.0
-    b = max(float(noise_scale), 0.0)
-    return (global_batch / base_batch) * (b + base_batch) / (b + global_batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,7 +310,7 @@ def measure_curve(
     """Train at ``local_batch`` on every worker from a fresh start until ``progress_target``
     base-batch steps (or the budget) and record every interval.
 
-    Progress counts ``adascale_gain`` per step with the noise scale estimated from the reports
+    Progress counts ``estimated_adascale_gain`` per step with the noise scale estimated from the reports
     exactly as the real backend's learning-rate rule does (an EMA of the two-batch estimates of
     the previous intervals, weight ``noise_smoothing``).
     """
@@ -337,7 +326,7 @@ def measure_curve(
     for _ in range(max_intervals):
         if budget is not None and budget.remaining_s() <= 0:
             break
-        gain = adascale_gain(float(batches.sum()), m0, est.noise_scale)
+        gain = estimated_adascale_gain(float(batches.sum()), m0, est.noise_scale)
         report = backend.run_interval(batches, iterations)
         est.update(report)
         alive = report.alive

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from sim.convergence import ConvergenceModel, ConvergenceParams
+from sim.scaling import advance
 from sim.validation import check_int, check_range
 
 # --------------------------------------------------------------------------------------------
@@ -126,8 +127,7 @@ def simulated_progress(model: ConvergenceModel, curve: Curve) -> np.ndarray:
     m = float(curve.global_batch)
     p, out = 0.0, []
     for n in np.diff(np.concatenate([[0.0], curve.steps])):
-        r1 = model.progress_per_step(m, p)
-        p += n * model.progress_per_step(m, p + 0.5 * n * r1)
+        p += advance(model.progress_per_step, m, p, n)
         out.append(p)
     return np.array(out)
 

@@ -18,6 +18,7 @@ from sim.datafiles import data_path
 from sim.fitting.convergence import MAX_NONE_EXPONENT
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
+from sim.scaling import advance
 from sim.workloads import Workload
 
 TRADEOFF_FILE = "reference/tradeoff_resnet34_cifar100.csv"
@@ -226,8 +227,7 @@ def simulate_schedule(
     mem = model.initial_batch_memory(phases[0][0])
     for m, t_iter, p_end in phases:
         while progress < p_end and minutes < max_minutes:
-            r1 = model.progress_per_step(m, progress)
-            dp = dt_steps * model.progress_per_step(m, progress + 0.5 * dt_steps * r1)
+            dp = advance(model.progress_per_step, m, progress, dt_steps)
             progress += dp
             mem = model.update_batch_memory(mem, m, dp)
             minutes += dt_steps * t_iter / 60.0

@@ -10,10 +10,10 @@ import pytest
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.faults import FaultEmulator
-from adapters.lr import lr_gain
 from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
+from sim.scaling import lr_gain
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
@@ -119,13 +119,6 @@ def test_fault_emulator_network_delay_is_shared_and_scales_with_congestion():
     assert f.net_delay_s.shape == (4,)
     assert np.allclose(f.net_delay_s, 0.01 * (1 / 0.25 - 1))
     assert math.isfinite(float(f.net_delay_s.sum()))
-
-
-def test_lr_rules_are_the_simulators():
-    from adapters.lr import LR_RULES
-    from sim.convergence import LR_RULES as SIM_RULES
-
-    assert LR_RULES == SIM_RULES
 
 
 def test_overhead_summary_ratio_and_bootstrap_interval():

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from adapters.data import load_dataset
 from adapters.ddp_backend import DDPBackend, WorkerFailure
 from adapters.faults import FaultEmulator
-from adapters.lr import lr_gain
 from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, rank_slice
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.schema import OBS_SCHEMA
 from sim.faults import Scenario
+from sim.scaling import lr_gain
 
 pytestmark = pytest.mark.timeout(120)
 

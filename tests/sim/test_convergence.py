@@ -16,7 +16,6 @@ from scipy import stats
 from sim.cluster import default_cluster
 from sim.convergence import (
     CONVERGENCE_MODELS_FILE,
-    LR_RULES,
     ConvergenceModel,
     convergence_params,
     convergence_table,
@@ -26,6 +25,7 @@ from sim.fitting.convergence import TRACES_FILE, fit_app, load_traces
 from sim.fitting.tradeoff import TRADEOFF_FILE
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
+from sim.scaling import LR_RULES, advance
 from sim.workloads import WORKLOADS, get_workload
 
 MEASURED = ("cifar10", "imagenet", "ncf", "bert")
@@ -238,8 +238,7 @@ def run_minutes(model, phases, target, max_minutes=1000.0, chunk=10) -> float:
     mem = model.initial_batch_memory(phases[0][0])
     for m, t_iter, p_end in phases:
         while progress < p_end and minutes < max_minutes:
-            r1 = model.progress_per_step(m, progress)
-            dp = chunk * model.progress_per_step(m, progress + 0.5 * chunk * r1)
+            dp = advance(model.progress_per_step, m, progress, chunk)
             progress += dp
             mem = model.update_batch_memory(mem, m, dp)
             minutes += chunk * t_iter / 60.0

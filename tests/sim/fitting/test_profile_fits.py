@@ -17,7 +17,7 @@ import pytest
 
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.measurement.profiling import adascale_gain, profile_ladder, reference_rows
+from dynamix_gym.measurement.profiling import profile_ladder, reference_rows
 from sim import profile as calib
 from sim.cluster import ClusterSpec
 from sim.convergence import ConvergenceModel, convergence_params
@@ -147,13 +147,6 @@ def test_profile_ladder_stops_at_its_budget_and_says_what_it_skipped(tmp_path, m
     assert [p["local_batch"] for p in res.points] == [8, 64, 256]
     assert res.skipped == [(2, 512)]
     assert "OUT OF TIME" in res.message() and "2x512" in res.message()
-
-
-def test_adascale_gain_is_the_real_backends_learning_rate_gain():
-    from adapters.lr import lr_gain
-
-    for m, noise in [(32, None), (64, 10.0), (1024, 300.0), (256, 0.0)]:
-        assert adascale_gain(m, 32, noise) == pytest.approx(lr_gain("adascale", m, 32, noise))
 
 
 def test_convergence_model_is_recovered_from_curves_it_generated():

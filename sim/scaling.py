@@ -1,0 +1,86 @@
+"""Batch scaling: statistical efficiency, AdaScale's gain, the learning-rate rules and the
+midpoint progress step. The one home of these formulas (the simulator, the controllers, the
+profiling code and the real backend's learning rate all call them); numpy-free and scipy-free, so
+a worker process imports it at no cost.
+
+With global batch ``M``, base batch ``M0`` and gradient noise scale ``B`` (McCandlish's B_simple):
+
+    E(M)     = (B + M0) / (B + M)                   # statistical efficiency, in (0, 1] for M >= M0
+    r_ada(M) = (M / M0) * E(M)                      # AdaScale's gain (Pollux), in [1, M / M0]
+
+Learning-rate rules (:data:`LR_RULES`), as the multiplier of the base learning rate
+(:func:`lr_gain`) and as progress per step in base-batch steps (:func:`progress_gain`):
+
+    rule       lr / lr0             progress per step
+    adascale   r_ada                r_ada
+    linear     M / M0               r_ada                       (= min(M / M0, r_ada))
+    sqrt       sqrt(M / M0)         min(sqrt(M / M0), r_ada)
+    none       1                    min((M / M0) ** none_exponent, r_ada)
+
+Before the first noise-scale estimate AdaScale's learning-rate gain is taken as 1 (the base
+learning rate, the conservative end of its range).
+
+:func:`advance` is the midpoint rule over ``n`` steps at a fixed batch:
+``dp = n * r(p + n r(p) / 2)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+LR_RULES = ("adascale", "linear", "sqrt", "none")
+
+
+def statistical_efficiency(noise_scale, global_batch, base_batch):
+    """E(M) = (B_noise + M0) / (B_noise + M): progress per sample at batch M relative to M0
+    (floats or numpy arrays)."""
+    return (noise_scale + base_batch) / (noise_scale + global_batch)
+
+
+def adascale_gain(global_batch, base_batch, noise_scale):
+    """r_ada = (M / M0) * E(M): base-batch steps of progress in one step at ``M`` (floats or arrays)."""
+    return global_batch / base_batch * statistical_efficiency(noise_scale, global_batch, base_batch)
+
+
+def estimated_adascale_gain(global_batch: float, base_batch: float, noise_scale: float | None) -> float:
+    """:func:`adascale_gain` at an estimated noise scale (clipped at 0); 1 before the first estimate."""
+    if noise_scale is None:
+        return 1.0
+    return adascale_gain(global_batch, base_batch, max(float(noise_scale), 0.0))
+
+
+def progress_gain(
+    rule: str, global_batch: float, base_batch: float, noise_scale: float, none_exponent: float
+):
+    """Base-batch steps advanced by one optimiser step under ``rule`` (scalars)."""
+    scale = global_batch / base_batch
+    r_ada = adascale_gain(global_batch, base_batch, noise_scale)
+    if rule in ("adascale", "linear"):
+        return r_ada
+    if rule == "sqrt":
+        return min(math.sqrt(scale), r_ada)
+    return min(scale**none_exponent, r_ada)
+
+
+def lr_gain(rule: str, global_batch: int, base_batch: int, noise_scale: float | None) -> float:
+    """Multiplier of the base learning rate for ``rule`` at ``global_batch``."""
+    if rule not in LR_RULES:
+        raise ValueError(f"unknown lr_rule {rule!r}; choose one of {list(LR_RULES)}")
+    if global_batch <= 0 or base_batch <= 0:
+        raise ValueError(f"global_batch and base_batch must be positive, got {global_batch}, {base_batch}")
+    scale = global_batch / base_batch
+    if rule == "linear":
+        return scale
+    if rule == "sqrt":
+        return math.sqrt(scale)
+    if rule == "none":
+        return 1.0
+    return estimated_adascale_gain(global_batch, base_batch, noise_scale)
+
+
+def advance(per_step: Callable[[float, float], float], batch: float, progress: float, steps: float) -> float:
+    """Progress gained over ``steps`` steps at ``batch`` from ``progress`` (midpoint rule), with
+    ``per_step(batch, progress)`` the progress of one step."""
+    r1 = per_step(batch, progress)
+    return steps * per_step(batch, progress + 0.5 * steps * r1)

@@ -1,0 +1,80 @@
+"""sim.scaling: statistical efficiency, AdaScale's gain, the learning-rate rules, the midpoint step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.scaling import (
+    LR_RULES,
+    adascale_gain,
+    advance,
+    estimated_adascale_gain,
+    lr_gain,
+    progress_gain,
+    statistical_efficiency,
+)
+
+
+def test_statistical_efficiency_values():
+    assert statistical_efficiency(100.0, 32, 32) == 1.0
+    assert statistical_efficiency(100.0, 232, 32) == pytest.approx(132.0 / 332.0)
+    assert statistical_efficiency(0.0, 64, 32) == 0.5
+    np.testing.assert_allclose(statistical_efficiency(np.array([0.0, 32.0]), 64, 32), [0.5, 64 / 96])
+
+
+def test_adascale_gain_values_and_range():
+    assert adascale_gain(256, 32, 200.0) == pytest.approx(8 * 232 / 456)
+    assert adascale_gain(256, 32, 0.0) == 1.0  # no noise: a big batch is worth one base step
+    assert adascale_gain(256, 32, 1e12) == pytest.approx(8.0)  # all noise: worth M / M0 steps
+    assert adascale_gain(32, 32, 5.0) == 1.0
+    # the gain is exactly (M / M0) * E(M), in that operation order
+    assert adascale_gain(1000, 32, 77.7) == 1000 / 32 * statistical_efficiency(77.7, 1000, 32)
+
+
+def test_estimated_gain_before_and_after_an_estimate():
+    assert estimated_adascale_gain(256, 32, None) == 1.0
+    assert estimated_adascale_gain(256, 32, -5.0) == adascale_gain(256, 32, 0.0)
+    assert estimated_adascale_gain(256, 32, 200.0) == adascale_gain(256, 32, 200.0)
+
+
+def test_progress_gain_per_rule():
+    m, m0, b = 512, 32, 300.0
+    r_ada = adascale_gain(m, m0, b)
+    assert progress_gain("adascale", m, m0, b, 0.0) == r_ada
+    assert progress_gain("linear", m, m0, b, 0.0) == r_ada
+    assert progress_gain("sqrt", m, m0, b, 0.0) == min(4.0, r_ada)
+    assert progress_gain("none", m, m0, b, 0.0) == 1.0
+    assert progress_gain("none", m, m0, b, 0.5) == min(4.0, r_ada)
+    assert progress_gain("sqrt", m, m0, 1e9, 0.0) == pytest.approx(4.0)
+
+
+def test_lr_gain_per_rule():
+    assert LR_RULES == ("adascale", "linear", "sqrt", "none")
+    assert lr_gain("linear", 256, 32, None) == 8.0
+    assert lr_gain("sqrt", 128, 32, None) == 2.0
+    assert lr_gain("none", 512, 32, 100.0) == 1.0
+    assert lr_gain("adascale", 256, 32, None) == 1.0
+    assert lr_gain("adascale", 256, 32, 200.0) == adascale_gain(256, 32, 200.0)
+    with pytest.raises(ValueError, match="lr_rule"):
+        lr_gain("cubic", 64, 32, None)
+    with pytest.raises(ValueError, match="positive"):
+        lr_gain("linear", 0, 32, None)
+
+
+def test_advance_is_the_midpoint_rule():
+    calls = []
+
+    def per_step(batch, p):
+        calls.append((batch, p))
+        return 1.0 + p / 100.0
+
+    dp = advance(per_step, 64, 10.0, 20)
+    r1 = 1.1
+    assert calls == [(64, 10.0), (64, 10.0 + 0.5 * 20 * r1)]
+    assert dp == 20 * (1.0 + (10.0 + 0.5 * 20 * r1) / 100.0)
+    # exact for a constant rate
+    assert advance(lambda b, p: 2.5, 64, 0.0, 8) == 20.0
+    assert math.isclose(advance(lambda b, p: 1.0, 64, 3.0, 0), 0.0)

@@ -4,7 +4,7 @@
 
 1. pretrains a PPO policy for a few minutes (``experiments.train experiment=train_quick``);
 2. evaluates it beside static batches and the rule-based baselines on the default T4/V100
-   cluster (``experiments.evaluate -m``, two runs in parallel);
+   cluster (``experiments.evaluate -m``, one run per core in parallel);
 3. aggregates the sweep into a table and plots (``experiments.aggregate``).
 
 Every step is one of the project's entry points, run as a user would run it; the commands are
@@ -59,9 +59,9 @@ def demo(cfg: DictConfig) -> Path:
         [
             "experiments.evaluate",
             "-m",
+            "experiment=demo",  # static from the first interval, as in results/baselines
             "controller=static",
             f"controller.batch={','.join(str(b) for b in cfg.static_batches)}",
-            "env.initial_batch=${controller.batch}",  # static from the first interval, as in results/baselines
             *grid,
             *sweep,
         ]

@@ -1,9 +1,12 @@
 """Offline PPO pretraining on simulated clusters.
 
-    python -m experiments.train                       # defaults: conf/train.yaml
-    python -m experiments.train experiment=headline   # the headline preset
-    python -m experiments.train run_dir=<dir>         # resume an interrupted run from its last checkpoint
-    python -m experiments.train experiment=train_elastic_ppo   # dynamix/ElasticCluster-v0 (also _sac)
+    python -m experiments.train                               # defaults: conf/train.yaml
+    python -m experiments.train experiment=train_headline     # the headline policy's preset
+    python -m experiments.train run_dir=<dir>                 # resume an interrupted run from its last checkpoint
+    python -m experiments.train experiment=train_elastic_ppo  # dynamix/ElasticCluster-v0 (also _sac)
+
+Its presets are ``conf/experiment/train_*.yaml``; the others in ``conf/experiment/`` are
+``experiments.evaluate``'s (tests/experiments/test_launchers.py composes each with its app).
 
 Writes ``<run_dir>/best`` (the bundle with the best validation time-to-accuracy), ``<run_dir>/policy``
 (the final bundle), checkpoints and TensorBoard logs. Returns the best validation time-to-accuracy

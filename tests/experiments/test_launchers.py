@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -78,7 +80,49 @@ def test_local_keeps_the_projects_joblib_settings():
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose("evaluate", return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
+    assert cfg.hydra.launcher.n_jobs == -1  # one run per core; no machine's count in git
+
+
+@pytest.mark.parametrize("app", ["evaluate", "benchmark"])
+def test_the_local_example_sets_this_machines_parallel_runs(app):
+    """conf/local/example.yaml is what conf/local/default.yaml (gitignored) looks like: picked by
+    name here, it sets the launcher's parallel runs."""
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(app, overrides=["local=example"], return_hydra_config=True)
     assert cfg.hydra.launcher.n_jobs == 2
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_every_app_names_its_run_dirs(app):
+    """One hydra block (conf/hydra/default.yaml) keyed by each app's task_name; `_self_` after the
+    groups and `hydra: default`, before the presets that override the app's keys."""
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(app, return_hydra_config=True)
+    assert cfg.hydra.job.chdir is False
+    defaults = yaml.safe_load((CONF / f"{app}.yaml").read_text()).get("defaults")
+    if "task_name" not in cfg:
+        pytest.skip(f"{app} keeps its own hydra block")
+    assert cfg.task_name == app
+    run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
+    assert "${task_name}" in run_dir or app == "demo", run_dir  # the demo's: under its out folder
+    names = [next(iter(d)) if isinstance(d, dict) else d for d in defaults]
+    assert names.index("hydra") == names.index("_self_") - 1, names
+    for later in ("experiment", "hparams_search", "optional local"):
+        if later in names:
+            assert names.index(later) > names.index("_self_"), names
+
+
+def presets() -> list[tuple[str, str]]:
+    """Every preset in conf/experiment/ with the app its name gives it (conf/README.md)."""
+    names = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    return [(name, "train" if name.startswith("train_") else "evaluate") for name in names]
+
+
+@pytest.mark.parametrize(("preset", "app"), presets())
+def test_every_preset_composes_with_its_app(preset, app):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(app, overrides=[f"experiment={preset}"], return_hydra_config=True)
+    assert cfg.hydra.runtime.choices.experiment == preset
 
 
 @pytest.mark.parametrize("launcher", sorted(REQUIRED))

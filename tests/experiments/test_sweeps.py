@@ -67,3 +67,26 @@ def test_every_train_experiment_preset_runs(tmp_path):
     proc = run_train("-m", "experiment=glob(train_*)", *TINY, f"hydra.sweep.dir={tmp_path}", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list(tmp_path.glob("*/policy/bundle.json"))) >= 4
+
+
+def test_train_config_defaults_are_conf_train_yaml():
+    """dynamix_gym.learning.training.TrainConfig mirrors conf/train.yaml: every default it has is
+    the config's; its dict fields default to empty (the libraries' own), which the groups fill."""
+    import dataclasses
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dynamix_gym.learning.training import TrainConfig
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = OmegaConf.to_container(compose("train"), resolve=False)
+    for f in dataclasses.fields(TrainConfig):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            continue  # run_dir: required
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, dict):
+            assert default == {} and isinstance(cfg[f.name], dict), f.name
+        else:
+            expected = list(default) if isinstance(default, tuple) else default
+            assert cfg[f.name] == expected, (f.name, default, cfg[f.name])

@@ -1,0 +1,243 @@
+"""Does a changing batch cost accuracy? Batch schedules on real DDP training and in the calibrated simulator.
+
+    python -m experiments.schedules [quiet.enabled=true] [reanalyse=true] [real=false] [schedules=[...]]
+
+Runs every schedule of ``conf/schedules.yaml`` (static batches, increasing and decreasing schedules
+on validation accuracy, an uneven per-worker split) in each learning-rate regime (no scaling and
+AdaScale) on the real backend (the calibrated profile's real task: 2 CPU ranks) for ``real_seeds``
+and in the simulator calibrated to it for ``sim_seeds``, every run for ``time_budget_s`` (no early
+stop: the curves run to their plateau). Each run is saved as one JSON file under ``out_dir/runs``
+as soon as it ends, so an interrupted campaign resumes where it stopped. The comparison (time to
+target, final accuracy, Kendall's tau of the schedules' ranking, seconds per step by batch) is in
+:mod:`experiments.schedules_report`, written to ``report`` with its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from dynamix_gym.controllers.schedule import AccuracyScheduleController, parse_phases
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.measurement.profiling import wait_for_quiet
+from experiments.common import atomic_write_text
+from sim.convergence import LR_RULES
+from sim.faults import Scenario
+from sim.profile import ClusterProfile, load_profile
+
+log = logging.getLogger(__name__)
+
+#: Validation accuracy a run is given as its target: out of reach, so every run trains its whole budget.
+PLATEAU_TARGET = 0.999
+
+
+def schedule_library(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The schedules to run: ``cfg.schedules`` (names) out of ``cfg.library``, phases checked."""
+    lib = OmegaConf.to_container(cfg.library, resolve=True)
+    names = list(lib) if cfg.schedules is None else [str(n) for n in cfg.schedules]
+    unknown = [n for n in names if n not in lib]
+    if unknown:
+        raise ValueError(f"schedules: unknown names {unknown}; the library has {sorted(lib)}")
+    out = []
+    for name in names:
+        entry = dict(lib[name])
+        parse_phases(entry["phases"], where=f"library.{name}")
+        out.append({"name": name, "kind": str(entry.get("kind", "")), "phases": entry["phases"]})
+    return out
+
+
+def check_regimes(regimes: Any) -> list[str]:
+    out = [str(r) for r in regimes]
+    bad = [r for r in out if r not in LR_RULES]
+    if not out or bad:
+        raise ValueError(f"regimes must list learning-rate rules out of {list(LR_RULES)}, got {out}")
+    return out
+
+
+def real_task(profile: ClusterProfile) -> dict[str, Any]:
+    """The real backend's configuration the profile was measured with (its ``provenance``)."""
+    cfg = ((profile.meta or {}).get("provenance") or {}).get("real_config")
+    if not cfg:
+        raise ValueError(
+            f"profile {profile.name!r} records no provenance.real_config: it was not measured on real ranks"
+        )
+    return dict(cfg)
+
+
+def quiet_scenario(profile: ClusterProfile, workers: int) -> Scenario:
+    """No faults, equal speeds, the profile's measured per-iteration compute spread."""
+    cv = float(((profile.meta or {}).get("measured") or {}).get("compute_noise_cv") or 0.03)
+    return Scenario(
+        name="schedules",
+        description="no faults: every rank at full speed",
+        worker_speed=(1.0,) * workers,
+        compute_noise_cv=cv,
+    )
+
+
+class RealBackends:
+    """One real DDP backend per learning-rate regime, started on first use and closed on switching."""
+
+    def __init__(self, task: dict[str, Any], scenario: Scenario, budget_s: float) -> None:
+        self.base = {
+            **task,
+            "scenario": scenario,
+            "fault_time_scale": 1.0,
+            "time_budget_s": budget_s,
+            "target_accuracy": PLATEAU_TARGET,
+        }
+        self.regime: str | None = None
+        self.backend: Any = None
+
+    def env(self, regime: str, interval: int) -> HeteroClusterEnv:
+        from adapters.config import RealDDPConfig
+        from adapters.ddp_backend import DDPBackend
+
+        if regime != self.regime:
+            self.close()
+            self.backend = DDPBackend(RealDDPConfig(**{**self.base, "lr_rule": regime}))
+            self.regime = regime
+        return HeteroClusterEnv(
+            backend=self.backend, action_mode="absolute", interval=interval, reward="time"
+        )
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+        self.backend, self.regime = None, None
+
+
+def sim_env(
+    profile: ClusterProfile,
+    scenario: Scenario,
+    regime: str,
+    interval: int,
+    budget_s: float,
+    task: dict[str, Any],
+) -> HeteroClusterEnv:
+    """The calibrated simulator under the same rules as the real runs (batch range, target, budget)."""
+    workload = replace(profile.workload, target_accuracy=PLATEAU_TARGET)
+    return HeteroClusterEnv(
+        profile=profile,
+        workload=workload,
+        scenario=scenario,
+        interval=interval,
+        action_mode="absolute",
+        reward="time",
+        time_budget_s=budget_s,
+        sim_kwargs={"lr_rule": regime, "min_batch": int(task.get("min_batch", 8))},
+    )
+
+
+def run_one(env: HeteroClusterEnv, schedule: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One run of ``schedule``: its summary and its timeline (one row per interval)."""
+    ctrl = AccuracyScheduleController(schedule["phases"])
+    res = run_episode(env, ctrl, seed, scenario="schedules")
+    keep = ("total_time_s", "final_accuracy", "decisions", "batch_changes", "decision_time_ms")
+    return {"summary": {k: res.summary[k] for k in keep}, "timeline": res.timeline}
+
+
+def run_path(out: Path, backend: str, regime: str, name: str, seed: int) -> Path:
+    return out / "runs" / f"{backend}-{regime}-{name}-s{seed}.json"
+
+
+def save_run(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, default=float))
+
+
+def campaign(cfg: DictConfig, profile: ClusterProfile, out: Path) -> dict[str, Any]:
+    """Run what is not saved yet: real runs first (on a quiet machine), then the simulated ones."""
+    schedules, regimes = schedule_library(cfg), check_regimes(cfg.regimes)
+    task = real_task(profile)
+    interval = int(cfg.interval or (profile.meta.get("provenance") or {}).get("interval") or 20)
+    budget = float(cfg.time_budget_s)
+    scenario = quiet_scenario(profile, int(task.get("workers", 2)))
+    todo = []
+    for backend, seeds in (("real", cfg.real_seeds if cfg.real else []), ("sim", cfg.sim_seeds)):
+        for regime in regimes:
+            for seed in seeds:
+                for s in schedules:
+                    path = run_path(out, backend, regime, s["name"], int(seed))
+                    if not path.exists():
+                        todo.append((backend, regime, s, int(seed), path))
+    conditions: dict[str, Any] = {"load_start": [round(x, 2) for x in os.getloadavg()], "loads": []}
+    if cfg.quiet.enabled and any(t[0] == "real" for t in todo):
+        q = cfg.quiet
+        conditions["quiet"] = wait_for_quiet(
+            float(q.threshold), float(q.hold_s), float(q.poll_s), float(q.max_wait_s)
+        )
+    reals = RealBackends(task, scenario, budget)
+    try:
+        for backend, regime, s, seed, path in tqdm(todo, desc="schedule runs", disable=not cfg.progress):
+            if backend == "real":
+                conditions["loads"].append(os.getloadavg()[0])
+                env = reals.env(regime, interval)
+            else:
+                env = sim_env(profile, scenario, regime, interval, budget, task)
+            rec = run_one(env, s, seed)
+            rec.update(backend=backend, regime=regime, schedule=s["name"], kind=s["kind"], seed=seed)
+            save_run(path, rec)
+            log.info("%s %s %s seed %d: final accuracy %.3f", backend, regime, s["name"], seed,
+                     rec["summary"]["final_accuracy"])  # fmt: skip
+    finally:
+        reals.close()
+    conditions["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    conditions["measured_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"schedules": schedules, "regimes": regimes, "interval": interval, "budget_s": budget,
+            "task": task, "conditions": conditions, "ran": len(todo)}  # fmt: skip
+
+
+def load_runs(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+
+
+def schedules_app(cfg: DictConfig) -> float:
+    """Measure what is missing (unless ``reanalyse``), then write the report; returns the lowest
+    Kendall's tau over the regimes (nan without real runs)."""
+    from experiments.schedules_report import analyse, write_report
+
+    profile = load_profile(to_absolute_path(str(cfg.profile)))
+    out = Path(to_absolute_path(str(cfg.out_dir)))
+    meta_path = out / "schedules.json"
+    if cfg.reanalyse:
+        if not meta_path.exists():
+            raise FileNotFoundError(f"reanalyse=true but {meta_path} does not exist: measure first")
+        meta = json.loads(meta_path.read_text())
+    else:
+        meta = campaign(cfg, profile, out)
+        meta["conditions_history"] = (
+            json.loads(meta_path.read_text()).get("conditions_history", []) if meta_path.exists() else []
+        ) + [meta.pop("conditions")]
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(meta_path, json.dumps(meta, indent=1, default=float))
+    runs = load_runs(out)
+    if not runs:
+        raise RuntimeError(f"no runs under {out / 'runs'}")
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    result = analyse(runs, meta, plain)
+    write_report(Path(to_absolute_path(str(cfg.report))), result, {**meta, "out_dir": str(cfg.out_dir)}, profile,
+                 plain["checks"])  # fmt: skip
+    taus = [r["kendall_tau"] for r in result["regimes"].values() if r.get("kendall_tau") is not None]
+    return float(min(taus)) if taus else float(np.nan)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="schedules")
+def main(cfg: DictConfig) -> float:
+    return schedules_app(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from sim.cluster import ClusterSpec
 from sim.datafiles import atomic_write_text
@@ -39,12 +38,12 @@ from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
 from sim.profile import ClusterProfile, ProfiledNodeSpec, dump_json, load_profile, write_profile
 
-CONTROLLERS = [
-    {"name": "static", "kwargs": {"batch": 32}},
-    {"name": "static", "kwargs": {"batch": 128}},
-    {"name": "dlb", "kwargs": {"global_batch": None}},
-    {"name": "rex", "kwargs": {"max_global_batch": 2048}},
-    {"name": "ppo", "kwargs": {}},
+CONTROLLERS = [  # entries as in conf/fidelity.yaml (experiments.sim2real.parse_controller)
+    {"static": {"batch": 32}},
+    {"static": {"batch": 128}},
+    {"dlb": {"global_batch": None}},
+    {"rex": {"max_global_batch": 2048}},
+    "ppo",
 ]
 INITIAL_BATCH = 32
 EPISODE_BUDGET_S = 25.0  # a real episode that has not reached the target by then is truncated
@@ -143,7 +142,7 @@ def race(
     ``device="cpu"`` runs the same race on CPU ranks (a check of the plumbing, not a GPU result).
     """
     from dynamix_gym.measurement.compare import ranking, tta_table
-    from experiments.fidelity import RealEnvs, build_controller, controller_specs, run_one, sim_env
+    from experiments.sim2real import RealEnvs, controller_specs, run_one, sim_env, spec_controller
 
     t_end = time.monotonic() + budget_s
     conv = load_profile(convergence_profile)
@@ -163,9 +162,7 @@ def race(
     scenario = race_scenario(workers)
     ppo_path = ppo if (Path(ppo) / "bundle.json").is_file() else None
     notes = [] if ppo_path else [f"no PPO bundle at {ppo}: PPO left out"]
-    specs = controller_specs(
-        OmegaConf.create({"controllers": CONTROLLERS, "initial_batch": INITIAL_BATCH}), ppo_path
-    )
+    specs = controller_specs(CONTROLLERS, INITIAL_BATCH, ppo_path)
     runs: list[dict[str, Any]] = []
     longest = 0.0
     reals = RealEnvs(real, scenario, EPISODE_BUDGET_S)
@@ -177,7 +174,7 @@ def race(
                     notes.append(f"out of time: real {sp['label']} seed {seed} not run")
                     continue
                 t0 = time.monotonic()
-                mode = build_controller(sp["name"], sp["kwargs"]).action_mode
+                mode = spec_controller(sp).action_mode
                 env = reals.env(sp["initial_batch"], mode, interval, "time")
                 runs.append(run_one(env, sp, int(seed), "real", scenario.name))
                 longest = max(longest, time.monotonic() - t0)
@@ -187,7 +184,7 @@ def race(
     for seed in SIM_SEEDS:
         for sp in specs:
             if sp["label"] in labels:
-                mode = build_controller(sp["name"], sp["kwargs"]).action_mode
+                mode = spec_controller(sp).action_mode
                 env = sim_env(
                     profile, scenario, sp["initial_batch"], mode, interval, "time", EPISODE_BUDGET_S
                 )

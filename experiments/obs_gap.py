@@ -25,9 +25,16 @@ from dynamix_gym import OBS_SCHEMA
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.schema import split_centralised
-from experiments.common import atomic_write_text, plain
-from experiments.fidelity import RealEnvs, build_controller, build_scenario, sim_env
-from sim.profile import load_profile
+from experiments.common import atomic_write_text
+from experiments.reports.markdown import render, table
+from experiments.sim2real import (
+    RealEnvs,
+    build_scenario,
+    controller_specs,
+    real_profile,
+    sim_env,
+    spec_controller,
+)
 
 log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.obs_gap"
@@ -49,34 +56,43 @@ def rollout(env: HeteroClusterEnv, ctl: Controller, steps: int, seed: int) -> np
 
 
 def run(cfg: DictConfig) -> list[dict]:
-    ref = str(cfg.profile)
-    profile = load_profile(Path(to_absolute_path(ref)) if "/" in ref else ref)
-    real_config = dict((profile.meta.get("provenance") or {}).get("real_config") or {})
-    if not real_config:
-        raise ValueError(f"profile {profile.name!r} was not measured on the real backend (no real_config)")
+    profile, real_config = real_profile(str(cfg.profile))
     fid = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / f"{cfg.fidelity}.yaml")
-    scenario = build_scenario(fid, profile)
-    c = cfg.controller
-    kwargs = plain(c.kwargs) or {}
-    mode = build_controller(str(c.name), kwargs).action_mode
-    ib = int(kwargs.get("batch", 32))
+    scenario = build_scenario(fid.scenario, profile)
+    (spec,) = controller_specs([cfg.controller], int(cfg.initial_batch), None)
+    mode = spec_controller(spec).action_mode
     k, budget, steps = int(cfg.interval), float(cfg.time_budget_s), int(cfg.steps)
     real = RealEnvs(real_config, scenario, budget)
     try:
-        renv = real.env(ib, mode, k, "time")
-        real_rows = [rollout(renv, build_controller(str(c.name), kwargs), steps, int(s)) for s in cfg.seeds]
+        renv = real.env(spec["initial_batch"], mode, k, "time")
+        real_rows = [rollout(renv, spec_controller(spec), steps, int(s)) for s in cfg.seeds]
     finally:
         real.close()
     sim_rows = [
         rollout(
-            sim_env(profile, scenario, ib, mode, k, "time", budget),
-            build_controller(str(c.name), kwargs),
+            sim_env(profile, scenario, spec["initial_batch"], mode, k, "time", budget),
+            spec_controller(spec),
             steps,
             int(s),
         )
         for s in cfg.seeds
     ]
-    # Compare interval by interval over the common length of each seed's two episodes.
+    rows, real_all = feature_gaps(real_rows, sim_rows)
+    setting = (
+        f"Profile `{cfg.profile}`, scenario `{scenario.name}` ({scenario.description}), controller {spec['label']}, "
+        f"K = {k}, seeds {list(cfg.seeds)}, {len(real_all)} intervals x {real_all.shape[1]} workers compared."
+    )
+    text = render_gap(rows[: int(cfg.top)], setting)
+    out = Path(to_absolute_path(str(cfg.out)))
+    atomic_write_text(out, text)
+    print(text, end="")
+    print(f"wrote {out}")
+    return rows
+
+
+def feature_gaps(real_rows: list[np.ndarray], sim_rows: list[np.ndarray]) -> tuple[list[dict], np.ndarray]:
+    """Features by their mean absolute difference, interval by interval over the common length of
+    each seed's two episodes; and the real rows compared."""
     pairs = [
         (r[: min(len(r), len(s))], s[: min(len(r), len(s))]) for r, s in zip(real_rows, sim_rows, strict=True)
     ]
@@ -93,30 +109,46 @@ def run(cfg: DictConfig) -> list[dict]:
         }
         for i in np.argsort(-gap)
     ]
-    label = f"{c.name}" + (f"-{kwargs['batch']}" if "batch" in kwargs else "")
-    lines = [
+    return rows, real_all
+
+
+HEADER = ["feature", "real mean", "sim mean", "mean abs difference"]
+
+
+def render_gap(rows: list[dict], setting: str) -> str:
+    intro = [
         "# Observation gap: real training vs its calibrated simulator",
         "",
         "```bash",
         COMMAND,
         "```",
         "",
-        f"Profile `{ref}`, scenario `{scenario.name}` ({scenario.description}), controller {label}, K = {k}, "
-        f"seeds {list(cfg.seeds)}, {len(real_all)} intervals x {real_all.shape[1]} workers compared. "
-        "Features are in normalised units (each spans [-1, 1]); the mean absolute difference is taken "
-        "interval by interval, worker by worker.",
+        f"{setting} Features are in normalised units (each spans [-1, 1]); the mean absolute difference is "
+        "taken interval by interval, worker by worker.",
         "",
-        "| feature | real mean | sim mean | mean abs difference |",
-        "|---|---|---|---|",
     ]
-    lines += [
-        f"| {r['feature']} | {r['real_mean']:+.3f} | {r['sim_mean']:+.3f} | {r['mean_abs_diff']:.3f} |"
-        for r in rows[: int(cfg.top)]
+    cells = [
+        [r["feature"], f"{r['real_mean']:+.3f}", f"{r['sim_mean']:+.3f}", f"{r['mean_abs_diff']:.3f}"]
+        for r in rows
     ]
-    out = Path(to_absolute_path(str(cfg.out)))
-    atomic_write_text(out, "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {out}")
+    return render(intro + table(HEADER, cells))
+
+
+def read_gap(path: Path) -> list[dict]:
+    """The feature rows of a written report (:func:`render_gap`), largest difference first."""
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != len(HEADER) or cells == HEADER or set(cells[1]) <= {"-"}:
+            continue
+        rows.append(
+            {
+                "feature": cells[0],
+                "real_mean": float(cells[1]),
+                "sim_mean": float(cells[2]),
+                "mean_abs_diff": float(cells[3]),
+            }
+        )
     return rows
 
 

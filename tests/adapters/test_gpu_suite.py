@@ -15,13 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from adapters.gpu_ladder import calibrate_table, ddp_factory, ladder_table, run_group, write_table
 from adapters.gpu_race import CONTROLLERS, INITIAL_BATCH, race_profile, race_scenario, t4_speed
 from adapters.gpu_suite import PARTS, gpu_label
 from dynamix_gym.backends.sim_backend import SimBackend
-from experiments.fidelity import build_controller, controller_specs, run_one, sim_env
+from experiments.sim2real import controller_specs, run_one, sim_env, spec_controller
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.faults import Scenario
 from sim.fitting.table import REQUIRED_COLUMNS, read_profile_table
@@ -172,13 +171,11 @@ def test_table_mode_profile_feeds_the_race_profile_and_the_simulator(tmp_path):
     scenario = race_scenario(4)
     assert scenario.worker_speed == pytest.approx((t4_speed(), t4_speed(), 1.0, 1.0))
     assert 0.2 < t4_speed() < 0.6  # a T4 is 2-3x slower than a V100 on ResNet-18 at batch 512
-    specs = controller_specs(
-        OmegaConf.create({"controllers": CONTROLLERS, "initial_batch": INITIAL_BATCH}), None
-    )
+    specs = controller_specs(CONTROLLERS, INITIAL_BATCH, None)
     assert [s["label"] for s in specs] == ["static-32", "static-128", "dlb", "rex"]  # no bundle: no PPO
     runs = []
     for sp in specs:
-        mode = build_controller(sp["name"], sp["kwargs"]).action_mode
+        mode = spec_controller(sp).action_mode
         env = sim_env(prof, scenario, sp["initial_batch"], mode, 20, "time", 25.0)
         runs.append(run_one(env, sp, 0, "sim", scenario.name))
     assert all(r["decisions"] > 0 for r in runs)

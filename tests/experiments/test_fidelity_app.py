@@ -31,7 +31,7 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "report"
-    controllers = "[{name: static, kwargs: {batch: 32}}, {name: dlb, kwargs: {global_batch: null}}]"
+    controllers = "[{static: {batch: 32}}, {dlb: {global_batch: null}}]"
     proc = _run(
         "experiments.fidelity", f"profile={prof}", f"out_dir={out}", f"controllers={controllers}",
         "real_seeds=[0,1]", "sim_seeds=[0,1]", "speed_ladder.batches=[16,64]", "speed_ladder.iterations=5",

@@ -1,0 +1,56 @@
+"""Markdown building blocks every report renders with: table rows, sections, bullet lists, the
+"name value %" lists of per-type figures, and the command line that regenerates a report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+def row(cells: Sequence[Any]) -> str:
+    """One table row; an empty cell renders as ``| |``."""
+    return "|" + "|".join(f" {c} " if str(c) != "" else " " for c in cells) + "|"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table: the header, its rule, one line per row."""
+    return [row(header), "|" + "---|" * len(header), *(row(r) for r in rows)]
+
+
+def section(title: str, *blocks: Sequence[str], level: int = 2) -> list[str]:
+    """``## title``, a blank line, then the blocks (lists of lines) one after another."""
+    out = ["#" * level + " " + title, ""]
+    for b in blocks:
+        out += list(b)
+    return out
+
+
+def bullets(items: Iterable[str], empty: str | None = None) -> list[str]:
+    """``- item`` lines; ``empty``'s line when there are none (and ``empty`` is given)."""
+    out = [f"- {x}" for x in items]
+    return out or ([f"- {empty}"] if empty else [])
+
+
+def percents(values: Mapping[Any, float], digits: int = 1, unit: str = " %") -> str:
+    """``"a 1.2 %, b 3.4 %"`` of fractions."""
+    return ", ".join(f"{k} {100 * v:.{digits}f}{unit}" for k, v in values.items())
+
+
+def met(ok: bool) -> str:
+    return "(met)" if ok else "(missed)"
+
+
+def render(lines: Iterable[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def overrides_text(exclude: Sequence[str] = ()) -> str:
+    """The Hydra command-line overrides of this run (`` key=value`` each), less the ``exclude`` keys;
+    empty outside a Hydra app."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        over = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return ""
+    return "".join(f" {o}" for o in over if o.split("=")[0].lstrip("+~") not in exclude)

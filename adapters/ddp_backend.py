@@ -423,37 +423,34 @@ class DDPBackend:
             )
         # Raise the known-good batch of every rank that ran without running out of memory.
         self._good = np.where(alive & (applied > self._good), applied, self._good)
-        local_batch = np.where(alive, applied, requested)
+        local_batch = np.where(alive, applied, requested).astype(np.int64)
         compute = np.stack([r["compute_s"] for r in replies])  # (N, K)
-        wait = np.stack([r["wait_s"] for r in replies])
         iters = np.stack([r["iter_s"] for r in replies])
-        live_compute = np.where(alive[:, None], compute, 0.0)
-        slowest = live_compute.max(axis=0)  # (K,)
-        idle = np.where(alive[:, None], np.maximum(slowest[None, :] - compute, 0.0), 0.0)
-        comm = float(np.min(np.where(alive[:, None], wait, np.inf), axis=0).mean())
         loss_sums = np.array([r["loss_sum"] for r in replies])
         if not np.all(np.isfinite(loss_sums)):
             raise TrainingDiverged(
                 f"the training loss became {loss_sums.tolist()} (per rank) in interval {self._intervals}: "
                 f"lower base_lr (now {self.config.base_lr}) or the lr_rule's gain"
             )
-        samples_rank = np.array([r["samples"] for r in replies], dtype=np.float64)
-        denom = np.maximum(samples_rank, 1.0)
         gnorm = np.stack([np.sqrt(r["local_sqr"]) for r in replies])
         seconds, sent, retrans = snap0.delta(snap1)
         val_acc, val_loss = replies[0]["val"]
         if not math.isfinite(val_loss):
             raise TrainingDiverged(f"the validation loss became {val_loss} in interval {self._intervals}")
-        samples = int(applied[alive].sum()) * k_iters
-        self._samples += samples
-        wall = max(interval_s, 1e-9)
-        report = IntervalReport(
-            local_batch=local_batch.astype(np.int64),
+        report = IntervalReport.from_rank_timings(
+            local_batch=local_batch,
             alive=alive,
+            compute_s=compute,
+            wait_s=np.stack([r["wait_s"] for r in replies]),
             iteration_time_s=iters.mean(axis=1),
-            compute_time_s=compute.mean(axis=1),
-            idle_time_s=idle.mean(axis=1),
-            samples_per_s=np.where(alive, applied * k_iters / wall, 0.0),
+            iterations=k_iters,
+            interval_time_s=float(interval_s),
+            rank_samples=np.array([r["samples"] for r in replies], dtype=np.float64),
+            correct=np.array([r["correct"] for r in replies]),
+            loss_sum=loss_sums,
+            grad_norm_mean=gnorm.mean(axis=1),
+            grad_norm_var=gnorm.var(axis=1),
+            local_grad_sqr=np.stack([r["local_sqr"] for r in replies]).mean(axis=1),
             net_bytes_per_s=np.full(n, sent / n / max(seconds, 1e-9)),
             tcp_retransmissions=np.full(n, retrans / n),
             cpu_util=np.array([r["cpu_util"] for r in replies]),
@@ -461,25 +458,15 @@ class DDPBackend:
             # Device busy: local compute including emulated slowness (a slower device computes longer).
             gpu_util=np.clip(compute.sum(axis=1) / np.maximum(iters.sum(axis=1), 1e-12), 0.0, 1.0),
             gpu_mem_util=np.array([r["gpu_mem_util"] for r in replies]),
-            batch_accuracy=np.array([r["correct"] for r in replies]) / denom,
-            batch_loss=loss_sums / denom,
-            grad_norm_mean=np.where(alive, gnorm.mean(axis=1), 0.0),
-            grad_norm_var=np.where(alive, gnorm.var(axis=1), 0.0),
-            local_grad_sqr=np.where(alive, np.stack([r["local_sqr"] for r in replies]).mean(axis=1), 0.0),
-            iterations=k_iters,
-            interval_time_s=float(interval_s),
             wall_time_s=float(self.wall_time_s()),
             reconfig_time_s=float(max(r["setup_s"] for r in replies)) if changed else 0.0,
-            comm_time_s=comm,
-            global_batch=int(applied[alive].sum()),
             global_grad_sqr=float(np.mean(replies[0]["global_sqr"])),
             val_accuracy=float(val_acc),
             val_loss=float(val_loss),
-            samples=samples,
             epoch=float(replies[0]["epoch"]),
             events=tuple(events),
-            truth=None,
         )
+        self._samples += report.samples
         report.validate()
         self.last_replies = replies
         return report

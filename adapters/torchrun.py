@@ -443,42 +443,37 @@ class DynamixController:
         compute, wait = rows[:, :m], rows[:, k : k + m]
         s = {name: rows[:, 2 * k + i] for i, name in enumerate(_SCALARS)}
         b = s["batch"].astype(np.int64)
-        idle = (compute.max(axis=0)[None, :] - compute).mean(axis=1)
-        denom = np.maximum(s["samples"], 1.0)
         val_acc, val_loss = float(s["val_acc"][0]), float(s["val_loss"][0])
         if math.isnan(val_acc):  # no evaluate(): the interval's training accuracy and loss stand in
+            denom = np.maximum(s["samples"], 1.0)
             val_acc = float(s["correct"].sum() / denom.sum())
             val_loss = float(s["loss_sum"].sum() / denom.sum())
-        return IntervalReport(
+        return IntervalReport.from_rank_timings(
             local_batch=b,
             alive=np.ones(self.world, dtype=bool),
+            compute_s=compute,
+            wait_s=wait,
             iteration_time_s=s["iter_s"],
-            compute_time_s=compute.mean(axis=1),
-            idle_time_s=np.maximum(idle, 0.0),
-            samples_per_s=b * k / max(interval_s, 1e-9),
+            iterations=k,
+            interval_time_s=interval_s,
+            rank_samples=s["samples"],
+            correct=s["correct"],
+            loss_sum=s["loss_sum"],
+            grad_norm_mean=s["grad_norm_mean"],
+            grad_norm_var=s["grad_norm_var"],
+            local_grad_sqr=s["local_sqr"],
             net_bytes_per_s=s["bytes_sent"],
             tcp_retransmissions=s["retrans"],
             cpu_util=s["cpu_util"],
             mem_util=s["mem_util"],
             gpu_util=s["gpu_util"],
             gpu_mem_util=np.zeros(self.world),
-            batch_accuracy=s["correct"] / denom,
-            batch_loss=s["loss_sum"] / denom,
-            grad_norm_mean=s["grad_norm_mean"],
-            grad_norm_var=s["grad_norm_var"],
-            local_grad_sqr=s["local_sqr"],
-            iterations=k,
-            interval_time_s=interval_s,
             wall_time_s=time.perf_counter() - self._t_run,
             reconfig_time_s=0.0,
-            comm_time_s=float(wait.min(axis=0).mean()),
-            global_batch=int(b.sum()),
             global_grad_sqr=float(s["global_sqr"][0]),
             val_accuracy=val_acc,
             val_loss=max(val_loss, 0.0),
-            samples=int(b.sum()) * k,
             epoch=0.0,
-            truth=None,
         )
 
     # --- checkpoints ----------------------------------------------------------------------------------

@@ -469,11 +469,7 @@ class Simulator:
             "bandwidth_factor": st.bandwidth_factor,
             "alive": st.alive.copy(),
             "stall_s": acc.stall,
-            # Ground-truth models at the current fault state, for oracles.
-            "compute_time_s": self.compute_time_s,
-            "iteration_time_s": self.iteration_time_s,
-            "progress_per_step": conv.progress_per_step,
-        }
+        }  # plain values; the noise-free models are asked through the backend's ground_truth handle
         return IntervalReport(
             local_batch=b.copy(),
             alive=took_part,

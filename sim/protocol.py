@@ -6,10 +6,15 @@ an :class:`IntervalReport`; :class:`BackendSpec` holds its static facts and :cla
 protocol itself. The env encodes observations and computes rewards from the report alone, so every
 backend shares that code, and every controller reads only the report.
 
-The report is deliberately plain (numpy arrays and floats, no simulator types). ``truth`` is the
-simulator's hidden state (``None`` on real backends); only oracles and tests may read it. This
-module sits at the bottom of the layers (it imports numpy and :mod:`sim.workloads` only) so that
-the simulator can fill the record without importing the gym.
+The report is plain data (numpy arrays and floats, no simulator types), so it pickles and compares
+like any record. ``truth`` is the simulator's hidden state as plain values (``None`` on real
+backends); only oracles and tests may read it. The simulator's noise-free models, which an oracle
+queries at candidate batches, are not in the report: a simulated backend exposes them as its
+``ground_truth`` handle (:class:`GroundTruth`), which the env hands on as ``info["ground_truth"]``.
+Real backends measure per-rank timings and build their report with
+:meth:`IntervalReport.from_rank_timings`. This module sits at the bottom of the layers (it imports
+numpy and :mod:`sim.workloads` only) so that the simulator can fill the record without importing
+the gym.
 """
 
 from __future__ import annotations
@@ -86,42 +91,74 @@ class IntervalReport:
     truth: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
-        """Field-by-field equality (arrays elementwise; in ``truth``, callables are skipped)."""
+        """Field-by-field equality (arrays elementwise, ``truth`` key by key)."""
         if not isinstance(other, IntervalReport):
             return NotImplemented
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name == "truth":
-                if (a is None) != (b is None):
-                    return False
-                if a is not None:
-                    a = {k: v for k, v in a.items() if not callable(v)}
-                    b = {k: v for k, v in b.items() if not callable(v)}
-                    if a.keys() != b.keys() or not all(np.array_equal(a[k], b[k]) for k in a):
-                        return False
-            elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                if not np.array_equal(a, b):
-                    return False
-            elif a != b:
-                return False
-        return True
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __reduce__(self):
-        # Pickling (e.g. across SubprocVecEnv pipes) keeps the data and drops the ground-truth
-        # callables, which hold the live simulator.
-        state = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.truth is not None:
-            state["truth"] = {k: v for k, v in self.truth.items() if not callable(v)}
-        return (_rebuild_report, (state,))
-
     def __deepcopy__(self, memo: dict) -> IntervalReport:
-        # Reports are immutable records (vectorised envs deep-copy infos every step): share them.
+        # Reports are immutable records and vectorised envs deep-copy infos every step: sharing
+        # the record instead of copying its arrays keeps that copy cheap.
         return self
 
     def __copy__(self) -> IntervalReport:
         return self
+
+    @classmethod
+    def from_rank_timings(
+        cls,
+        *,
+        local_batch: np.ndarray,
+        alive: np.ndarray,
+        compute_s: np.ndarray,
+        wait_s: np.ndarray,
+        iteration_time_s: np.ndarray,
+        iterations: int,
+        interval_time_s: float,
+        rank_samples: np.ndarray,
+        correct: np.ndarray,
+        loss_sum: np.ndarray,
+        grad_norm_mean: np.ndarray,
+        grad_norm_var: np.ndarray,
+        local_grad_sqr: np.ndarray,
+        **measured: Any,
+    ) -> IntervalReport:
+        """The report of a real data-parallel job from what its ranks timed and counted.
+
+        ``compute_s`` and ``wait_s`` are (N, m) per-rank times of m timed iterations (local compute;
+        the all-reduce wait, whose minimum over the live ranks is the exposed communication);
+        ``rank_samples``, ``correct`` and ``loss_sum`` are each rank's training samples, correct
+        predictions and summed loss over the interval; the gradient statistics are per rank. Ranks
+        not ``alive`` get zero idle time, throughput and gradient statistics. ``measured`` holds the
+        remaining fields as measured (utilisations, network counters, wall and reconfiguration
+        times, validation, epoch, events); the global batch and the samples are derived.
+        """
+        live = alive[:, None]
+        slowest = np.where(live, compute_s, 0.0).max(axis=0)  # (m,)
+        idle = np.where(live, np.maximum(slowest[None, :] - compute_s, 0.0), 0.0)
+        denom = np.maximum(rank_samples, 1.0)
+        global_batch = int(local_batch[alive].sum())
+        return cls(
+            local_batch=local_batch,
+            alive=alive,
+            iteration_time_s=iteration_time_s,
+            compute_time_s=compute_s.mean(axis=1),
+            idle_time_s=idle.mean(axis=1),
+            samples_per_s=np.where(alive, local_batch * iterations / max(interval_time_s, 1e-9), 0.0),
+            batch_accuracy=correct / denom,
+            batch_loss=loss_sum / denom,
+            grad_norm_mean=np.where(alive, grad_norm_mean, 0.0),
+            grad_norm_var=np.where(alive, grad_norm_var, 0.0),
+            local_grad_sqr=np.where(alive, local_grad_sqr, 0.0),
+            iterations=iterations,
+            interval_time_s=interval_time_s,
+            comm_time_s=float(np.min(np.where(live, wait_s, np.inf), axis=0).mean()),
+            global_batch=global_batch,
+            samples=global_batch * iterations,
+            **measured,
+        )
 
     @property
     def num_workers(self) -> int:
@@ -164,8 +201,12 @@ class IntervalReport:
                 raise ValueError(f"IntervalReport.{name} must be finite and >= 0, got {v}")
 
 
-def _rebuild_report(state: dict[str, Any]) -> IntervalReport:
-    return IntervalReport(**state)
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return bool(a == b)
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,3 +261,22 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release processes and resources; safe to call twice."""
+
+
+@runtime_checkable
+class GroundTruth(Protocol):
+    """The simulator's noise-free models at its current fault state, for oracles (simulation only).
+
+    A simulated backend exposes one as ``backend.ground_truth`` (real backends have none) and the
+    env hands it on as ``info["ground_truth"]``. It is a live view of the backend: ask it about the
+    interval just reported, before the next step.
+    """
+
+    def compute_time_s(self, local_batches: np.ndarray) -> np.ndarray:
+        """Noise-free compute time per worker (s) at ``local_batches`` (the last axis: workers)."""
+
+    def iteration_time_s(self, local_batches: np.ndarray) -> float:
+        """Noise-free iteration time (s) at ``local_batches``, communication included."""
+
+    def progress_per_step(self, global_batch: float, progress: float) -> float:
+        """Training progress (base-batch steps) one step at ``global_batch`` makes at ``progress``."""

@@ -1,4 +1,4 @@
-"""The simulator as a backend."""
+"""The simulator as a backend, and its ground-truth handle for oracles."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class SimBackend:
         self.sim = Simulator(spec, workload, scenario, profile=profile, **sim_kwargs)
         sim = self.sim
         self.spec = simulator_spec(sim, initial_batch, time_budget_s)
+        self.ground_truth = SimGroundTruth(sim)
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
         self.sim.reset(seed=seed, rng=rng)
@@ -61,6 +62,44 @@ class SimBackend:
 
     def close(self) -> None:
         self.sim.close()
+
+
+class SimGroundTruth:
+    """The simulator's noise-free models at its current fault state (:class:`sim.protocol.GroundTruth`).
+
+    A live view of the simulator, not data: vectorised envs deep-copy every info, so a deep copy
+    shares it; pickling (an info sent across a process boundary) gives ``None``, as an oracle in
+    another process than the simulator has no ground truth to ask; and any two handles compare
+    equal, so that infos compare by their data (the seeding checks of Gymnasium and PettingZoo
+    compare the infos of two envs).
+    """
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+
+    def compute_time_s(self, local_batches: np.ndarray) -> np.ndarray:
+        return self._sim.compute_time_s(local_batches)
+
+    def iteration_time_s(self, local_batches: np.ndarray) -> float:
+        return self._sim.iteration_time_s(local_batches)
+
+    def progress_per_step(self, global_batch: float, progress: float) -> float:
+        return self._sim.convergence.progress_per_step(global_batch, progress)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimGroundTruth)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo: dict) -> SimGroundTruth:
+        return self
+
+    def __reduce__(self):
+        return (_no_ground_truth, ())
+
+
+def _no_ground_truth() -> None:
+    return None
 
 
 def simulator_spec(sim: Simulator, initial_batch: int | None, time_budget_s: float | None) -> BackendSpec:

@@ -7,8 +7,8 @@ by replaying the episode and keeps the one that reaches the target soonest. It i
 every controller's time to accuracy is read against (``TTA / limit``), not a controller one could
 deploy.
 
-Search space (all candidates read the simulator's true models through ``report.truth``, as the
-greedy oracle does):
+Search space (all candidates read the simulator's true models through ``info["ground_truth"]``
+and its hidden state through ``report.truth``, as the greedy oracle does):
 
 * every static local batch on a power-of-two grid within the workers' ranges, starting from the
   backend's initial batch like every adaptive controller, and again (after the search, outside its
@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dynamix_gym.controllers.base import BaseController, start_options
-from dynamix_gym.controllers.oracle import OracleController
+from dynamix_gym.controllers.oracle import OracleController, ground_truth
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
 from dynamix_gym.controllers.static import StaticController
 from sim.datafiles import atomic_write_text
@@ -56,16 +56,6 @@ PLANNER_VERSION = 1
 KNOT_FRACTIONS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 #: Local batches tabulated per worker for the equal-time split.
 _SPLIT_GRID_POINTS = 96
-
-
-def _truth(info: dict[str, Any], who: str) -> dict[str, Any]:
-    truth = info["report"].truth
-    if truth is None or not callable(truth.get("compute_time_s")):
-        raise RuntimeError(
-            f"{who} needs report.truth with the simulator's live models (simulation, in-process); "
-            "this backend reports none (a real cluster, or a report pickled across processes)"
-        )
-    return truth
 
 
 class ScheduleController(BaseController):
@@ -127,7 +117,7 @@ class ScheduleController(BaseController):
     def predict(
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True
     ) -> tuple[np.ndarray, None]:
-        truth = _truth(info, "ScheduleController")
+        truth, model = ground_truth(info, "ScheduleController")
         current = np.asarray(info["local_batches"], dtype=np.int64)
         alive = np.asarray(truth["alive"], dtype=bool)
         if not alive.any():
@@ -138,14 +128,14 @@ class ScheduleController(BaseController):
         off_schedule = abs(math.log2(m / m_now)) > self.tol_log2
         # Re-split at the scheduled batch if off schedule, else at the batch in force.
         total = m if off_schedule else m_now
-        table = truth["compute_time_s"](np.repeat(self._grid[:, None], self.spec.num_workers, axis=1))
+        table = model.compute_time_s(np.repeat(self._grid[:, None], self.spec.num_workers, axis=1))
         split, _ = equal_time_split(self._grid, table[:, alive], np.array([total]), lo, hi)
         cand = current.copy()
         cand[alive] = round_to_total(split[0], total, lo, hi)
         if off_schedule:
             return cand.astype(np.float32), None
-        t_now = truth["iteration_time_s"](current)
-        t_new = truth["iteration_time_s"](cand)
+        t_now = model.iteration_time_s(current)
+        t_new = model.iteration_time_s(cand)
         if t_new < t_now * (1.0 - self.min_gain):
             return cand.astype(np.float32), None
         return current.astype(np.float32), None
@@ -186,7 +176,7 @@ class PenaltyScheduleOracle(OracleController):
     def predict(
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True
     ) -> tuple[np.ndarray, None]:
-        progress = _truth(info, "PenaltyScheduleOracle")["progress"]
+        progress = ground_truth(info, "PenaltyScheduleOracle")[0]["progress"]
         self.batch_penalty = float(
             np.interp(progress / self.progress_scale, KNOT_FRACTIONS, self.penalty_knots)
         )

@@ -8,13 +8,34 @@ import numpy as np
 
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.controllers.split import equal_time_split, round_to_total
-from sim.protocol import BackendSpec
+from sim.protocol import BackendSpec, GroundTruth
 
-#: Ground-truth models (callables) and values the oracle reads from ``report.truth``.
-_TRUTH_KEYS = ("compute_time_s", "iteration_time_s", "progress_per_step")
+#: Values the oracle reads from ``report.truth`` (its models come from ``info["ground_truth"]``).
 _TRUTH_VALUES = ("progress", "alive")
 #: Local batches at which the true compute times are tabulated for the equal-time split.
 _TABLE_POINTS = 384
+
+
+def ground_truth(info: dict[str, Any], who: str) -> tuple[Any, GroundTruth]:
+    """``report.truth`` and the ``info["ground_truth"]`` handle of a simulated step, or a RuntimeError
+    saying which is missing (a real backend has neither; a pickled info lost the handle)."""
+    truth = info["report"].truth
+    if truth is None:
+        raise RuntimeError(
+            f"{who} needs report.truth (the simulator's hidden state); this backend reports none "
+            "(a real cluster?). Use a controller with uses_truth=False instead."
+        )
+    handle = info.get("ground_truth")
+    if handle is None:
+        raise RuntimeError(
+            f"{who} needs info['ground_truth'] (the simulator's live models: compute_time_s, "
+            "iteration_time_s, progress_per_step); this info has none (one pickled across processes, "
+            "from a subprocess env?). Run it in-process."
+        )
+    missing = [k for k in _TRUTH_VALUES if k not in truth]
+    if missing:
+        raise RuntimeError(f"{who} needs report.truth[{missing}]; this report lacks them")
+    return truth, handle
 
 
 class OracleController(BaseController):
@@ -22,9 +43,9 @@ class OracleController(BaseController):
 
     Not a published method: the reference every baseline is measured against. It knows what no
     real controller can: each worker's true noise-free compute time at the current fault state
-    (``truth["compute_time_s"]``), the true iteration time (``truth["iteration_time_s"]``) and the
-    true progress per step r(M, p) (``truth["progress_per_step"]``, AdaScale's gain times the
-    true statistical efficiency at the true progress p).
+    (``compute_time_s`` of the ``info["ground_truth"]`` handle), the true iteration time
+    (``iteration_time_s``) and the true progress per step r(M, p) (``progress_per_step``, AdaScale's
+    gain times the true statistical efficiency at the true progress p, ``report.truth["progress"]``).
 
     Rules, every interval:
 
@@ -52,7 +73,7 @@ class OracleController(BaseController):
 
     Raises:
         RuntimeError: from :meth:`predict` when ``report.truth`` is ``None`` (a real backend) or
-            lacks the simulator's live models (a report pickled across processes).
+            ``info["ground_truth"]`` is missing (an info pickled across processes).
     """
 
     name: ClassVar[str] = "oracle"
@@ -74,29 +95,17 @@ class OracleController(BaseController):
         lo, hi = int(spec.min_batch.min()), int(spec.max_batch.max())
         self._grid = np.unique(np.rint(np.geomspace(lo, hi, _TABLE_POINTS)))
 
-    def goodput(self, truth: Any, batches: np.ndarray, alive: np.ndarray) -> float:
-        """True (penalised) goodput of ``batches``, in base-batch steps per second."""
+    def goodput(self, model: GroundTruth, progress: float, batches: np.ndarray, alive: np.ndarray) -> float:
+        """True (penalised) goodput of ``batches`` at ``progress``, in base-batch steps per second."""
         m = float(batches[alive].sum())
-        rate = truth["progress_per_step"](m, truth["progress"]) / truth["iteration_time_s"](batches)
+        rate = model.progress_per_step(m, progress) / model.iteration_time_s(batches)
         return float(rate * (m / self.spec.base_batch) ** (-self.batch_penalty))
 
     def predict(
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True
     ) -> tuple[np.ndarray, None]:
-        report = info["report"]
-        truth = report.truth
-        if truth is None:
-            raise RuntimeError(
-                "OracleController needs report.truth (the simulator's hidden state); this backend "
-                "reports none (a real cluster?). Use a controller with uses_truth=False instead."
-            )
-        missing = [k for k in _TRUTH_KEYS if not callable(truth.get(k))]
-        missing += [k for k in _TRUTH_VALUES if k not in truth]
-        if missing:
-            raise RuntimeError(
-                f"OracleController needs report.truth[{missing}] (the simulator's live models); this "
-                "report lost them (a pickled report from a subprocess env?). Run the oracle in-process."
-            )
+        truth, model = ground_truth(info, "OracleController")
+        progress = truth["progress"]
         spec = self.spec
         current = np.asarray(info["local_batches"], dtype=np.int64)
         alive = np.asarray(truth["alive"], dtype=bool)
@@ -104,15 +113,15 @@ class OracleController(BaseController):
             return current.astype(np.float32), None
         lo, hi = spec.min_batch[alive], spec.max_batch[alive]
         # True compute time of every live worker at every tabulated local batch: (G, N_alive).
-        table = truth["compute_time_s"](np.repeat(self._grid[:, None], spec.num_workers, axis=1))[:, alive]
+        table = model.compute_time_s(np.repeat(self._grid[:, None], spec.num_workers, axis=1))[:, alive]
         totals = np.unique(np.rint(np.geomspace(lo.sum(), hi.sum(), self.grid_points)))
         splits, _ = equal_time_split(self._grid, table, totals, lo, hi)
-        best, best_rate = current, self.goodput(truth, current, alive)
+        best, best_rate = current, self.goodput(model, progress, current, alive)
         current_rate = best_rate
         for m, split in zip(totals, splits, strict=True):
             cand = current.copy()
             cand[alive] = round_to_total(split, int(m), lo, hi)
-            rate = self.goodput(truth, cand, alive)
+            rate = self.goodput(model, progress, cand, alive)
             if rate > best_rate:
                 best, best_rate = cand, rate
         if best_rate <= current_rate * (1.0 + self.min_gain):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.backends.sim_backend import simulator_spec
+from dynamix_gym.backends.sim_backend import SimGroundTruth, simulator_spec
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import ElasticJob
 from sim.pool import PoolSpec
@@ -42,6 +42,7 @@ class ElasticSimBackend:
         self.job = ElasticJob(self.pool, workload, scenario, lr_tolerance=lr_tolerance, **sim_kwargs)
         sim = self.job.sim
         self.spec = simulator_spec(sim, initial_batch, time_budget_s)
+        self.ground_truth = SimGroundTruth(sim)  # the slots' noise-free models, for oracles
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
         self.job.reset(seed=seed, rng=rng)

@@ -164,6 +164,10 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError(f"interval (K iterations per step) must be an integer >= 1, got {interval!r}")
         if max_decisions is not None and max_decisions < 1:
             raise ValueError(f"max_decisions must be >= 1 or None, got {max_decisions!r}")
+        if time_budget_s is not None and not 0.0 < float(time_budget_s) < math.inf:
+            raise ValueError(
+                f"time_budget_s must be a number of seconds in (0, inf) or None, got {time_budget_s!r}"
+            )
         self.action_set = _check_action_set(action_mode, action_set)
         if backend is None:
             from dynamix_gym.backends.sim_backend import SimBackend
@@ -370,6 +374,8 @@ class HeteroClusterEnv(gym.Env):
             "wall_time_s": report.wall_time_s,
             "val_accuracy": report.val_accuracy,
             "decisions": self.decisions,
+            # simulation only: the backend's noise-free models, for oracles (sim.protocol.GroundTruth)
+            "ground_truth": getattr(self.backend, "ground_truth", None),
         }
 
 

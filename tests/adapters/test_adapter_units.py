@@ -13,6 +13,7 @@ from adapters.faults import FaultEmulator
 from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
+from sim.protocol import IntervalReport
 from sim.scaling import lr_gain
 
 
@@ -137,3 +138,46 @@ def test_overhead_summary_ratio_and_bootstrap_interval():
     total = summarise(noisy)["ratio_total"]
     assert low < total < high and high - low > 0.02
     assert summarise(noisy) == summarise(noisy)  # seeded resampling
+
+
+def test_reports_from_rank_timings_derive_idle_comm_and_zero_dead_ranks():
+    # Two timed iterations of three ranks; rank 2 is down (its timings are ignored).
+    compute = np.array([[0.10, 0.30], [0.20, 0.10], [9.0, 9.0]])
+    wait = np.array([[0.05, 0.02], [0.04, 0.03], [0.0, 0.0]])
+    alive = np.array([True, True, False])
+    n = 3
+    report = IntervalReport.from_rank_timings(
+        local_batch=np.array([32, 64, 16]),
+        alive=alive,
+        compute_s=compute,
+        wait_s=wait,
+        iteration_time_s=np.array([0.4, 0.4, 0.0]),
+        iterations=10,
+        interval_time_s=4.0,
+        rank_samples=np.array([320.0, 640.0, 0.0]),
+        correct=np.array([160.0, 320.0, 0.0]),
+        loss_sum=np.array([32.0, 64.0, 0.0]),
+        grad_norm_mean=np.array([1.0, 2.0, 3.0]),
+        grad_norm_var=np.array([0.1, 0.2, 0.3]),
+        local_grad_sqr=np.array([1.0, 4.0, 9.0]),
+        net_bytes_per_s=np.zeros(n),
+        tcp_retransmissions=np.zeros(n),
+        cpu_util=np.full(n, 0.5),
+        mem_util=np.full(n, 0.5),
+        gpu_util=np.full(n, 0.5),
+        gpu_mem_util=np.zeros(n),
+        wall_time_s=4.0,
+        reconfig_time_s=0.0,
+        global_grad_sqr=1.0,
+        val_accuracy=0.5,
+        val_loss=1.0,
+        epoch=0.1,
+    )
+    report.validate()
+    assert np.allclose(report.compute_time_s[:2], [0.2, 0.15])
+    assert np.allclose(report.idle_time_s, [0.05, 0.1, 0.0])  # the slowest live rank sets the pace
+    assert report.comm_time_s == pytest.approx(0.03)  # min over live ranks, mean over iterations
+    assert report.global_batch == 96 and report.samples == 960
+    assert np.allclose(report.samples_per_s, [80.0, 160.0, 0.0])
+    assert np.allclose(report.batch_accuracy, [0.5, 0.5, 0.0]) and report.batch_loss[1] == 0.1
+    assert report.grad_norm_mean[2] == report.local_grad_sqr[2] == 0.0 and report.truth is None

@@ -7,7 +7,9 @@ time to accuracy over those seeds.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +95,7 @@ class StripTruth:
 
     def predict(self, observation, info, deterministic=True):
         if self.strip:
-            info = {**info, "report": dataclasses.replace(info["report"], truth=None)}
+            info = {**info, "report": dataclasses.replace(info["report"], truth=None), "ground_truth": None}
         action, state = self.inner.predict(observation, info, deterministic)
         n = self.env.num_workers
         assert isinstance(action, np.ndarray) and action.dtype == np.float32 and action.shape == (n,)
@@ -201,9 +203,12 @@ def test_oracle_refuses_reports_without_truth():
     report = dataclasses.replace(info["report"], truth=None)
     with pytest.raises(RuntimeError, match=r"report\.truth"):
         oracle.predict(np.zeros(1), {**info, "report": report})
-    pickled = dataclasses.replace(info["report"], truth={"progress": 0.0, "alive": np.ones(8, bool)})
+    # An info pickled across processes keeps the report's plain truth and loses the live models.
+    pickled = pickle.loads(pickle.dumps(info))
+    assert pickled["report"] == info["report"]  # truth included, key by key
+    assert pickled["ground_truth"] is None and copy.deepcopy(info)["ground_truth"] is info["ground_truth"]
     with pytest.raises(RuntimeError, match="compute_time_s"):
-        oracle.predict(np.zeros(1), {**info, "report": pickled})
+        oracle.predict(np.zeros(1), pickled)
 
 
 def test_make_controller_names_the_known_controllers():

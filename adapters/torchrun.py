@@ -23,7 +23,7 @@ so the controller adds no work to them. Every ``interval`` iterations one
 ``all_gather`` brings the measurements to rank 0, which builds the same
 :class:`~sim.protocol.IntervalReport` the env sees, encodes the same observation, asks the policy (a
 baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
-does (:meth:`HeteroClusterEnv.apply_action`: same action modes, same clipping). One ``broadcast``
+does (:func:`dynamix_gym.actions.apply_action`: same action modes, same clipping). One ``broadcast``
 hands every rank the new batches, the scaled learning rate and the stop flag, so every rank
 changes its batch at the same step boundary.
 """
@@ -43,9 +43,10 @@ import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
+from dynamix_gym.actions import action_space, apply_action, check_action_set
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.registry import make_controller
-from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.schema import SCHEMA_VERSION, make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import lr_gain
@@ -76,22 +77,6 @@ def _total(values: list[Any]) -> float:
     if values and isinstance(values[0], torch.Tensor):
         return float(torch.stack([v.reshape(()) for v in values]).sum())
     return float(sum(values))
-
-
-class _SpecOnly:
-    """A backend that only carries a spec: lets rank 0 reuse the env's action and observation code."""
-
-    def __init__(self, spec: BackendSpec) -> None:
-        self.spec = spec
-
-    def reset(self, seed=None, *, rng=None) -> None:  # pragma: no cover - never driven
-        raise RuntimeError("the drop-in controller's env is not driven; the user's loop trains")
-
-    def run_interval(self, local_batches, iterations):  # pragma: no cover
-        raise RuntimeError("the drop-in controller's env is not driven; the user's loop trains")
-
-    def close(self) -> None:
-        pass
 
 
 class DynamixController:
@@ -206,7 +191,7 @@ class DynamixController:
         )
         self.noise = NoiseScaleEstimator()
         self.policy: Controller | None = None
-        self.env: HeteroClusterEnv | None = None
+        self.encoder = None  # rank 0: the env's observation encoder (schema 1) for the policy
         if self.rank == 0:
             if arbitrator:
                 from dynamix_gym.service.client import RemoteController
@@ -224,10 +209,10 @@ class DynamixController:
                     if isinstance(policy, str | Path)
                     else policy
                 )
-            self.env = HeteroClusterEnv(
-                backend=_SpecOnly(self.spec), interval=self.interval, action_mode=self.policy.action_mode
-            )
-            self.env.batches = self.batches.copy()
+            self.encoder = make_encoder(SCHEMA_VERSION, self.spec)
+            mode = self.policy.action_mode
+            steps = check_action_set(mode, None)  # the env's default steps of the mode
+            self._actions = (mode, steps, action_space(mode, steps, self.spec))
             self.policy.reset(self.spec, np.random.default_rng(seed))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
@@ -406,12 +391,10 @@ class DynamixController:
             report = self._report(rows, interval_s)
             self.last_report = report
             self.noise.update(report)
-            env = self.env
-            obs = env.encoder.encode(report)
+            obs = self.encoder.encode(report)
             info = {"report": report, "local_batches": self.batches.copy()}
             action, _ = self.policy.predict(obs, info, deterministic=True)
-            new, _clipped = env.apply_action(action)
-            env.batches = new
+            new, _clipped = apply_action(action, *self._actions, self.batches, self.spec)
             stop = (
                 report.val_accuracy >= self.spec.target_accuracy
                 or report.wall_time_s >= self.spec.time_budget_s
@@ -487,7 +470,7 @@ class DynamixController:
         }
         if self.rank == 0:
             state["policy"] = self.policy
-            state["encoder"] = self.env.encoder
+            state["encoder"] = self.encoder
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -504,9 +487,7 @@ class DynamixController:
         self._set_lr(float(state["lr"]))
         self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
         self.decisions = int(state["decisions"])
-        if self.rank == 0:
-            if "policy" in state and not resized:
-                self.policy = state["policy"]
-                self.env.encoder = state["encoder"]
-            self.env.batches = self.batches.copy()
+        if self.rank == 0 and "policy" in state and not resized:
+            self.policy = state["policy"]
+            self.encoder = state["encoder"]
         self._new_interval()

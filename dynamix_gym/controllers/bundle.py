@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dynamix_gym.actions import step_masks
 from dynamix_gym.controllers.base import BaseController
-from dynamix_gym.envs.hetero_cluster import step_masks
 from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 from sim.protocol import BackendSpec
 

@@ -10,19 +10,20 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from dynamix_gym.actions import (  # the action names are re-exported for the envs built on this one
+    ACTION_MODES,
+    CONTINUOUS_SCALE,
+    DEFAULT_ACTION_SET,
+    DEFAULT_SCALE_SET,
+    DISCRETE_ACTION_MODES,
+    action_space,
+    apply_action,
+    check_action_set,
+    step_masks,
+)
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 from sim.protocol import Backend, IntervalReport
-
-ACTION_MODES = ("delta", "absolute", "continuous", "scale")
-#: the discrete modes: one step of ``action_set`` per worker, with :meth:`HeteroClusterEnv.action_masks`
-DISCRETE_ACTION_MODES = ("delta", "scale")
-DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
-#: scale mode: worker i's local batch becomes round(b_i * factor); the default factors are
-#: symmetric in octaves (x1/2 <-> x2, x4/5 <-> x5/4) and keep 1 (no change), which is never masked.
-DEFAULT_SCALE_SET = (0.5, 0.8, 1.0, 1.25, 2.0)
-#: continuous mode: action a in [-1, 1] scales each local batch by 1 + CONTINUOUS_SCALE * a.
-CONTINUOUS_SCALE = 0.2
 
 
 class HeteroClusterEnv(gym.Env):
@@ -168,7 +169,7 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError(
                 f"time_budget_s must be a number of seconds in (0, inf) or None, got {time_budget_s!r}"
             )
-        self.action_set = _check_action_set(action_mode, action_set)
+        self.action_set = check_action_set(action_mode, action_set)
         if backend is None:
             from dynamix_gym.backends.sim_backend import SimBackend
 
@@ -194,14 +195,7 @@ class HeteroClusterEnv(gym.Env):
         n = backend.spec.num_workers
         self.num_workers = n
         self.observation_space = spaces.Box(-1.0, 1.0, (self.obs_schema.centralised_dim(n),), np.float32)
-        if action_mode in DISCRETE_ACTION_MODES:
-            self.action_space = spaces.MultiDiscrete(np.full(n, self.action_set.size, dtype=np.int64))
-        elif action_mode == "absolute":
-            lo = backend.spec.min_batch.astype(np.float32)
-            hi = backend.spec.max_batch.astype(np.float32)
-            self.action_space = spaces.Box(lo, hi, (n,), np.float32)
-        else:
-            self.action_space = spaces.Box(-1.0, 1.0, (n,), np.float32)
+        self.action_space = action_space(action_mode, self.action_set, backend.spec)
         self._reset_done = False
         self._episode_over = False
 
@@ -280,45 +274,9 @@ class HeteroClusterEnv(gym.Env):
     # --- helpers ------------------------------------------------------------------------------------
     def apply_action(self, action) -> tuple[np.ndarray, list[dict[str, int]]]:
         """New local batches for ``action`` and the list of clippings to the workers' ranges."""
-        a = np.asarray(action)
-        n = self.num_workers
-        if a.shape != (n,):
-            raise ValueError(f"action must have shape ({n},) (one entry per worker), got shape {a.shape}")
-        # Range checks through Python lists: cheaper than numpy reductions on a few workers.
-        kind = a.dtype.kind
-        values = a.tolist()
-        discrete = self.action_mode in DISCRETE_ACTION_MODES
-        if discrete:
-            whole = kind in "iu" or (kind == "f" and all(math.isfinite(v) and v == int(v) for v in values))
-            ok = whole and min(values) >= 0 and max(values) < self.action_set.size
-        else:
-            box = self.action_space
-            ok = kind in "iuf" and bool((a >= box.low).all() and (a <= box.high).all())
-        if not ok:
-            raise ValueError(f"action {a.tolist()} is outside the action space {self.action_space}")
-        spec = self.backend.spec
-        if self.action_mode == "delta":
-            requested = self.batches + self.action_set[a.astype(np.int64, copy=False)]
-        elif self.action_mode == "scale":
-            requested = np.rint(self.batches * self.action_set[a.astype(np.int64, copy=False)]).astype(
-                np.int64
-            )
-        elif self.action_mode == "absolute":
-            requested = np.rint(a.astype(np.float64)).astype(np.int64)
-        else:
-            requested = np.rint(self.batches * (1.0 + CONTINUOUS_SCALE * a.astype(np.float64))).astype(
-                np.int64
-            )
-        applied = np.minimum(np.maximum(requested, spec.min_batch), spec.max_batch)
-        req_list, app_list = requested.tolist(), applied.tolist()
-        clipped = []
-        if req_list != app_list:
-            clipped = [
-                {"worker": i, "requested": r, "applied": p}
-                for i, (r, p) in enumerate(zip(req_list, app_list, strict=True))
-                if r != p
-            ]
-        return applied, clipped
+        return apply_action(
+            action, self.action_mode, self.action_set, self.action_space, self.batches, self.backend.spec
+        )
 
     def action_mask_matrix(self) -> np.ndarray:
         """(N, len(action_set)) bool: step j is legal for worker i when it keeps the worker's local
@@ -379,45 +337,12 @@ class HeteroClusterEnv(gym.Env):
         }
 
 
-def step_masks(
-    action_mode: str,
-    action_set: np.ndarray,
-    batches: np.ndarray,
-    min_batch: np.ndarray,
-    max_batch: np.ndarray,
-) -> np.ndarray:
-    """(N, len(action_set)) bool: which steps of a discrete mode keep each worker's batch in range.
-
-    ``delta``: b_i + d_j; ``scale``: round(b_i * f_j); legal when min_i <= new <= max_i. The env's
-    :meth:`HeteroClusterEnv.action_mask_matrix` and a deployed controller (which knows only the
-    batches in force and the backend's spec) share this one rule.
-    """
-    b = np.asarray(batches, dtype=np.int64)[:, None]
-    steps = np.asarray(action_set)[None, :]
-    candidate = b + steps if action_mode == "delta" else np.rint(b * steps)
-    return (candidate >= np.asarray(min_batch)[:, None]) & (candidate <= np.asarray(max_batch)[:, None])
-
-
-def _check_action_set(action_mode: str, action_set: Sequence[float] | None) -> np.ndarray:
-    """The action set of a mode as an array (deltas: int64; factors: float64), or a ValueError."""
-    if action_mode == "scale":
-        values = list(DEFAULT_SCALE_SET if action_set is None else action_set)
-        try:
-            factors = np.array([float(a) for a in values], dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"action_set (scale factors) must be numbers, got {values!r}") from None
-        if factors.size < 2 or len(set(factors.tolist())) != factors.size:
-            raise ValueError(f"action_set needs at least two distinct scale factors, got {values}")
-        if not np.all(np.isfinite(factors) & (factors > 0.0)):
-            raise ValueError(f"action_set (scale factors) must be finite and > 0, got {values}")
-        if 1.0 not in factors.tolist():
-            raise ValueError(
-                f"action_set (scale factors) must contain 1 (keep the batch), so that a worker always has "
-                f"a legal step; got {values}"
-            )
-        return factors
-    values = list(DEFAULT_ACTION_SET if action_set is None else action_set)
-    deltas = np.array([int(a) for a in values], dtype=np.int64)
-    if deltas.size < 2 or len(set(deltas.tolist())) != deltas.size:
-        raise ValueError(f"action_set needs at least two distinct deltas, got {values}")
-    return deltas
+__all__ = [
+    "ACTION_MODES",
+    "CONTINUOUS_SCALE",
+    "DEFAULT_ACTION_SET",
+    "DEFAULT_SCALE_SET",
+    "DISCRETE_ACTION_MODES",
+    "HeteroClusterEnv",
+    "step_masks",
+]

@@ -1,0 +1,132 @@
+"""Batch actions: the action modes, their spaces and how an action becomes new local batches.
+
+Defined once for everything that turns a policy's action into local batches: the env
+(:class:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv`), the torchrun drop-in controller
+(which has a :class:`~sim.protocol.BackendSpec` and no env) and deployed bundles (the legal
+steps of the discrete modes, :func:`step_masks`). The env's docstring describes the modes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from gymnasium import spaces
+
+from sim.protocol import BackendSpec
+
+ACTION_MODES = ("delta", "absolute", "continuous", "scale")
+#: the discrete modes: one step of ``action_set`` per worker, with the env's ``action_masks``
+DISCRETE_ACTION_MODES = ("delta", "scale")
+DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
+#: scale mode: worker i's local batch becomes round(b_i * factor); the default factors are
+#: symmetric in octaves (x1/2 <-> x2, x4/5 <-> x5/4) and keep 1 (no change), which is never masked.
+DEFAULT_SCALE_SET = (0.5, 0.8, 1.0, 1.25, 2.0)
+#: continuous mode: action a in [-1, 1] scales each local batch by 1 + CONTINUOUS_SCALE * a.
+CONTINUOUS_SCALE = 0.2
+
+
+def action_space(action_mode: str, action_set: np.ndarray, spec: BackendSpec) -> spaces.Space:
+    """The action space of ``action_mode`` over ``spec``'s workers (discrete modes: one step of
+    ``action_set`` per worker; ``absolute``: the workers' batch ranges; ``continuous``: [-1, 1])."""
+    n = spec.num_workers
+    if action_mode in DISCRETE_ACTION_MODES:
+        return spaces.MultiDiscrete(np.full(n, action_set.size, dtype=np.int64))
+    if action_mode == "absolute":
+        lo = spec.min_batch.astype(np.float32)
+        hi = spec.max_batch.astype(np.float32)
+        return spaces.Box(lo, hi, (n,), np.float32)
+    return spaces.Box(-1.0, 1.0, (n,), np.float32)
+
+
+def apply_action(
+    action,
+    action_mode: str,
+    action_set: np.ndarray,
+    space: spaces.Space,
+    batches: np.ndarray,
+    spec: BackendSpec,
+) -> tuple[np.ndarray, list[dict[str, int]]]:
+    """New local batches for ``action`` (in ``space``) from the ``batches`` in force, kept within
+    ``spec``'s ranges, and the list of those clippings (``{"worker", "requested", "applied"}``).
+
+    Raises:
+        ValueError: for an action of the wrong shape or outside ``space``.
+    """
+    a = np.asarray(action)
+    n = spec.num_workers
+    if a.shape != (n,):
+        raise ValueError(f"action must have shape ({n},) (one entry per worker), got shape {a.shape}")
+    # Range checks through Python lists: cheaper than numpy reductions on a few workers.
+    kind = a.dtype.kind
+    values = a.tolist()
+    if action_mode in DISCRETE_ACTION_MODES:
+        whole = kind in "iu" or (kind == "f" and all(math.isfinite(v) and v == int(v) for v in values))
+        ok = whole and min(values) >= 0 and max(values) < action_set.size
+    else:
+        ok = kind in "iuf" and bool((a >= space.low).all() and (a <= space.high).all())
+    if not ok:
+        raise ValueError(f"action {a.tolist()} is outside the action space {space}")
+    if action_mode == "delta":
+        requested = batches + action_set[a.astype(np.int64, copy=False)]
+    elif action_mode == "scale":
+        requested = np.rint(batches * action_set[a.astype(np.int64, copy=False)]).astype(np.int64)
+    elif action_mode == "absolute":
+        requested = np.rint(a.astype(np.float64)).astype(np.int64)
+    else:
+        requested = np.rint(batches * (1.0 + CONTINUOUS_SCALE * a.astype(np.float64))).astype(np.int64)
+    applied = np.minimum(np.maximum(requested, spec.min_batch), spec.max_batch)
+    req_list, app_list = requested.tolist(), applied.tolist()
+    clipped = []
+    if req_list != app_list:
+        clipped = [
+            {"worker": i, "requested": r, "applied": p}
+            for i, (r, p) in enumerate(zip(req_list, app_list, strict=True))
+            if r != p
+        ]
+    return applied, clipped
+
+
+def step_masks(
+    action_mode: str,
+    action_set: np.ndarray,
+    batches: np.ndarray,
+    min_batch: np.ndarray,
+    max_batch: np.ndarray,
+) -> np.ndarray:
+    """(N, len(action_set)) bool: which steps of a discrete mode keep each worker's batch in range.
+
+    ``delta``: b_i + d_j; ``scale``: round(b_i * f_j); legal when min_i <= new <= max_i. The env's
+    :meth:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv.action_mask_matrix` and a deployed
+    controller (which knows only the batches in force and the backend's spec) share this one rule.
+    """
+    b = np.asarray(batches, dtype=np.int64)[:, None]
+    steps = np.asarray(action_set)[None, :]
+    candidate = b + steps if action_mode == "delta" else np.rint(b * steps)
+    return (candidate >= np.asarray(min_batch)[:, None]) & (candidate <= np.asarray(max_batch)[:, None])
+
+
+def check_action_set(action_mode: str, action_set: Sequence[float] | None) -> np.ndarray:
+    """The action set of a mode as an array (deltas: int64; factors: float64), or a ValueError."""
+    if action_mode == "scale":
+        values = list(DEFAULT_SCALE_SET if action_set is None else action_set)
+        try:
+            factors = np.array([float(a) for a in values], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"action_set (scale factors) must be numbers, got {values!r}") from None
+        if factors.size < 2 or len(set(factors.tolist())) != factors.size:
+            raise ValueError(f"action_set needs at least two distinct scale factors, got {values}")
+        if not np.all(np.isfinite(factors) & (factors > 0.0)):
+            raise ValueError(f"action_set (scale factors) must be finite and > 0, got {values}")
+        if 1.0 not in factors.tolist():
+            raise ValueError(
+                f"action_set (scale factors) must contain 1 (keep the batch), so that a worker always has "
+                f"a legal step; got {values}"
+            )
+        return factors
+    values = list(DEFAULT_ACTION_SET if action_set is None else action_set)
+    deltas = np.array([int(a) for a in values], dtype=np.int64)
+    if deltas.size < 2 or len(set(deltas.tolist())) != deltas.size:
+        raise ValueError(f"action_set needs at least two distinct deltas, got {values}")
+    return deltas

@@ -136,12 +136,18 @@ class ObservationSchema:
         worker = obs[: num_workers * fw].reshape(num_workers, fw)
         return ObservationEncoder.per_worker(worker, obs[num_workers * fw :])
 
-    def as_table(self) -> str:
-        """Markdown table of the per-worker observation (index, name, unit, raw range)."""
+    def as_table(self, centralised: bool = False) -> str:
+        """Markdown table of the observation (index, name, unit, raw range, description): the
+        per-worker row of the shared policy (README.md's table), or with ``centralised`` the env's
+        flat observation, indexed ``Fw i + k`` (worker i) and ``Fw N + k`` (global; its docstring's)."""
         lines = ["| index | name | unit | raw range | description |", "|---|---|---|---|---|"]
-        for i, (name, f) in enumerate(
-            zip(self.per_worker_names(), self.worker_features + self.global_features, strict=True)
-        ):
+        fw = self.worker_dim
+        if centralised:
+            index = [f"{fw} i + {k}" for k in range(fw)] + [f"{fw} N + {k}" for k in range(self.global_dim)]
+            names = [f.name for f in self.worker_features + self.global_features]
+        else:
+            index, names = [str(i) for i in range(self.per_worker_dim)], self.per_worker_names()
+        for i, name, f in zip(index, names, self.worker_features + self.global_features, strict=True):
             lines.append(f"| {i} | {name} | {f.unit} | [{f.low:g}, {f.high:g}] | {f.description} |")
         return "\n".join(lines)
 

@@ -77,29 +77,45 @@ SCHEMA_VERSION_V2 = "2"
 
 WORKER_FEATURES_V2: tuple[Feature, ...] = (
     Feature(
-        "batch_position", "fraction", 0.0, 1.0, "local batch in octaves between the worker's min and max"
+        "batch_position", "fraction", 0.0, 1.0, "(log2 b - log2 min) / (log2 max - log2 min); 0 if min = max"
     ),
     Feature("batch_ratio", "log2(ratio)", -6.0, 6.0, "local batch / mean live local batch"),
-    Feature("speed_ratio", "log2(ratio)", -6.0, 6.0, "samples/s of compute / mean over live workers"),
+    Feature("speed_ratio", "log2(ratio)", -6.0, 6.0, "compute samples/s / mean over live workers"),
     Feature(
-        "speed_trend", "log2(ratio)", -4.0, 4.0, "samples/s of compute / the worker's first live interval's"
+        "speed_trend",
+        "log2(ratio)",
+        -4.0,
+        4.0,
+        "compute samples/s / its value in the worker's first live interval",
     ),
     Feature("compute_share", "fraction", 0.0, 1.0, "compute time / slowest live worker's compute time"),
     Feature("idle_fraction", "fraction", 0.0, 1.0, "share of the iteration spent waiting at the barrier"),
     Feature("gpu_util", "fraction", 0.0, 1.0, "device busy fraction"),
     Feature(
-        "cpu_util_change", "fraction", -1.0, 1.0, "host CPU utilisation - the worker's first live interval's"
+        "cpu_util_change",
+        "fraction",
+        -1.0,
+        1.0,
+        "host CPU utilisation minus its value in the worker's first live interval",
     ),
     Feature("net_share", "log2(ratio)", -6.0, 6.0, "gradient bytes/s sent / mean over live workers"),
-    Feature("retransmit_rate", "log10(fraction)", -6.0, 0.0, "retransmitted / sent TCP segments"),
+    Feature(
+        "retransmit_rate",
+        "log10(fraction)",
+        -6.0,
+        0.0,
+        "retransmitted / sent TCP segments (1448-byte segments), floored at 1e-6",
+    ),
     Feature("grad_norm_ratio", "log2(ratio)", -4.0, 4.0, "mean local gradient norm / mean over live workers"),
-    Feature("grad_norm_cv", "log10(ratio)", -4.0, 1.0, "std / mean of the local gradient norm"),
+    Feature(
+        "grad_norm_cv", "log10(ratio)", -4.0, 1.0, "std / mean of the local gradient norm, floored at 1e-6"
+    ),
     Feature(
         "grad_norm_trend",
         "log2(ratio)",
         -6.0,
         6.0,
-        "mean local gradient norm / the worker's first live interval's",
+        "mean local gradient norm / its value in the worker's first live interval",
     ),
     Feature("alive", "flag", 0.0, 1.0, "1 if the worker took part in the interval"),
 )
@@ -113,34 +129,42 @@ GLOBAL_FEATURES_V2: tuple[Feature, ...] = (
         0.5,
         "quality gain over `window` intervals / (target - first quality)",
     ),
-    Feature("val_loss_trend", "log2(ratio)", -8.0, 2.0, "validation loss / the run's first interval's"),
-    Feature("noise_to_batch", "log2(ratio)", -12.0, 12.0, "noise scale estimate / global batch"),
+    Feature("val_loss_trend", "log2(ratio)", -8.0, 2.0, "validation loss / first interval's"),
+    Feature("noise_to_batch", "log2(ratio)", -12.0, 12.0, "noise-scale estimate / global batch"),
     Feature(
         "noise_scale_trend",
         "log2(ratio)",
         -8.0,
         8.0,
-        "noise scale estimate / the run's first unsaturated estimate",
+        "noise-scale estimate / the run's first unsaturated estimate",
     ),
     Feature(
         "global_batch_position",
         "fraction",
         0.0,
         1.0,
-        "global batch in octaves between summed live min and max",
+        "global batch in octaves between the live workers' summed min and max",
     ),
     Feature("time_used", "fraction", 0.0, 1.5, "wall time / episode time budget"),
     Feature(
         "interval_time_trend", "log2(ratio)", -8.0, 8.0, "interval wall time / the run's first interval's"
     ),
     Feature(
-        "iteration_time_trend", "log2(ratio)", -6.0, 6.0, "mean live iteration time / the first interval's"
+        "iteration_time_trend",
+        "log2(ratio)",
+        -6.0,
+        6.0,
+        "mean live iteration time / the run's first interval's",
     ),
-    Feature("throughput_trend", "log2(ratio)", -6.0, 6.0, "samples/s / the run's first interval's"),
+    Feature(
+        "throughput_trend", "log2(ratio)", -6.0, 6.0, "samples/s of the interval / the run's first interval's"
+    ),
     Feature("throughput_gain", "log2(ratio)", -4.0, 4.0, "samples/s / its value `window` intervals ago"),
-    Feature("comm_fraction", "fraction", 0.0, 1.0, "exposed all-reduce / iteration time"),
+    Feature("comm_fraction", "fraction", 0.0, 1.0, "exposed all-reduce / mean live iteration time"),
     Feature("mean_idle_fraction", "fraction", 0.0, 1.0, "idle fraction averaged over live workers"),
-    Feature("reconfig_fraction", "fraction", 0.0, 1.0, "batch-change time / interval wall time"),
+    Feature(
+        "reconfig_fraction", "fraction", 0.0, 1.0, "batch-change (reconfiguration) time / interval wall time"
+    ),
     Feature("live_fraction", "fraction", 0.0, 1.0, "live workers / workers"),
 )
 

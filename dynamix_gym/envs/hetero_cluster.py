@@ -62,40 +62,40 @@ class HeteroClusterEnv(gym.Env):
     13 global features, each clipped to its raw range and mapped onto [-1, 1]
     (:data:`dynamix_gym.OBS_SCHEMA`; version 1):
 
-    | index | name | unit | raw range |
-    |---|---|---|---|
-    | 19 i + 0 | net_throughput | log10(1 + MB/s) | [0, 4] |
-    | 19 i + 1 | tcp_retransmissions | log10(1 + segments/s) | [0, 5] |
-    | 19 i + 2 | cpu_util | fraction | [0, 1] |
-    | 19 i + 3 | mem_util | fraction | [0, 1] |
-    | 19 i + 4 | iteration_time | log10(s) | [-3, 2] |
-    | 19 i + 5 | compute_time | log10(s) | [-3, 2] |
-    | 19 i + 6 | idle_fraction | fraction | [0, 1] |
-    | 19 i + 7 | local_batch | log2(samples) | [2, 14] |
-    | 19 i + 8 | batch_accuracy | fraction | [0, 1] |
-    | 19 i + 9 | accuracy_gain | fraction | [-0.25, 0.25] |
-    | 19 i + 10 | grad_norm_mean | log10(norm) | [-4, 3] |
-    | 19 i + 11 | grad_norm_var | log10(norm^2) | [-10, 4] |
-    | 19 i + 12 | compute_share | fraction of slowest | [0, 1] |
-    | 19 i + 13 | batch_ratio | log2(b / mean b) | [-6, 6] |
-    | 19 i + 14 | speed_ratio | log2(rate / mean rate) | [-6, 6] |
-    | 19 i + 15 | headroom_up | log2(cap / b) | [0, 10] |
-    | 19 i + 16 | headroom_down | log2(b / min) | [0, 10] |
-    | 19 i + 17 | gpu_util | fraction | [0, 1] |
-    | 19 i + 18 | alive | flag | [0, 1] |
-    | 19 N + 0 | val_accuracy | fraction | [0, 1] |
-    | 19 N + 1 | val_loss | ln(C) units | [0, 2] |
-    | 19 N + 2 | accuracy_to_target | fraction | [-0.5, 1] |
-    | 19 N + 3 | val_accuracy_gain | fraction | [-0.25, 0.25] |
-    | 19 N + 4 | global_batch | log2(samples) | [4, 18] |
-    | 19 N + 5 | noise_scale | log10(samples) | [0, 7] |
-    | 19 N + 6 | noise_to_batch | log2(ratio) | [-12, 12] |
-    | 19 N + 7 | efficiency | fraction | [0, 1] |
-    | 19 N + 8 | time_used | fraction of budget | [0, 1.5] |
-    | 19 N + 9 | comm_fraction | fraction | [0, 1] |
-    | 19 N + 10 | mean_idle_fraction | fraction | [0, 1] |
-    | 19 N + 11 | num_workers | log2(workers) | [0, 10] |
-    | 19 N + 12 | interval_time | log10(s) | [-2, 4] |
+    | index | name | unit | raw range | description |
+    |---|---|---|---|---|
+    | 19 i + 0 | net_throughput | log10(1 + MB/s) | [0, 4] | gradient traffic sent by the worker |
+    | 19 i + 1 | tcp_retransmissions | log10(1 + segments/s) | [0, 5] | TCP retransmission rate |
+    | 19 i + 2 | cpu_util | fraction | [0, 1] | host CPU utilisation |
+    | 19 i + 3 | mem_util | fraction | [0, 1] | host memory utilisation |
+    | 19 i + 4 | iteration_time | log10(s) | [-3, 2] | wall time per iteration |
+    | 19 i + 5 | compute_time | log10(s) | [-3, 2] | input pipeline + forward + backward per iteration |
+    | 19 i + 6 | idle_fraction | fraction | [0, 1] | share of the iteration spent waiting at the barrier |
+    | 19 i + 7 | local_batch | log2(samples) | [2, 14] | current local batch |
+    | 19 i + 8 | batch_accuracy | fraction | [0, 1] | training-batch accuracy over the interval |
+    | 19 i + 9 | accuracy_gain | fraction | [-0.25, 0.25] | batch accuracy minus its value `window` intervals ago |
+    | 19 i + 10 | grad_norm_mean | log10(norm) | [-4, 3] | mean local gradient norm |
+    | 19 i + 11 | grad_norm_var | log10(norm^2) | [-10, 4] | variance of the local gradient norm |
+    | 19 i + 12 | compute_share | fraction | [0, 1] | compute time / slowest live worker's compute time |
+    | 19 i + 13 | batch_ratio | log2(ratio) | [-6, 6] | local batch / mean live local batch |
+    | 19 i + 14 | speed_ratio | log2(ratio) | [-6, 6] | samples/s of compute / mean over live workers |
+    | 19 i + 15 | headroom_up | log2(ratio) | [0, 10] | log2(memory-cap batch / local batch) |
+    | 19 i + 16 | headroom_down | log2(ratio) | [0, 10] | log2(local batch / minimum batch) |
+    | 19 i + 17 | gpu_util | fraction | [0, 1] | device busy fraction |
+    | 19 i + 18 | alive | flag | [0, 1] | 1 if the worker took part in the interval |
+    | 19 N + 0 | val_accuracy | fraction | [0, 1] | validation quality (accuracy, or the metric as a rising fraction) |
+    | 19 N + 1 | val_loss | ln(C) units | [0, 2] | validation loss / ln(number of classes) |
+    | 19 N + 2 | accuracy_to_target | fraction | [-0.5, 1] | target accuracy minus validation accuracy |
+    | 19 N + 3 | val_accuracy_gain | fraction | [-0.25, 0.25] | validation accuracy minus its value `window` intervals ago |
+    | 19 N + 4 | global_batch | log2(samples) | [4, 18] | sum of live local batches |
+    | 19 N + 5 | noise_scale | log10(samples) | [0, 7] | gradient noise scale estimate (two-batch, EMA) |
+    | 19 N + 6 | noise_to_batch | log2(ratio) | [-12, 12] | noise scale estimate / global batch |
+    | 19 N + 7 | efficiency | fraction | [0, 1] | statistical efficiency E(M) from the estimate |
+    | 19 N + 8 | time_used | fraction | [0, 1.5] | wall time / episode time budget |
+    | 19 N + 9 | comm_fraction | fraction | [0, 1] | exposed all-reduce / iteration time |
+    | 19 N + 10 | mean_idle_fraction | fraction | [0, 1] | idle fraction averaged over live workers |
+    | 19 N + 11 | num_workers | log2(workers) | [0, 10] | live workers |
+    | 19 N + 12 | interval_time | log10(s) | [-2, 4] | wall time of the last interval |
 
     ``val_accuracy`` (and the accuracy features after it) is the validation *quality*: the
     workload's metric mapped to a rising fraction by ``sim.workloads.QualityMetric`` (accuracy

@@ -26,7 +26,7 @@ import sim
 from experiments.common import atomic_write_text, describe_file
 from sim.cluster import default_cluster
 from sim.convergence import CONVERGENCE_MODELS_FILE, LR_RULES, ConvergenceModel
-from sim.datafiles import data_path
+from sim.datafiles import data_path, dump_json
 from sim.fitting.convergence import (
     APP_SPECS,
     TRACES_FILE,
@@ -61,24 +61,6 @@ EQUATION = (
     "stretch(m) = 2 ** (stretch_exponent * max(0, m - log2 ref_batch)), "
     "m = EMA of log2 M over progress with time constant batch_memory_progress"
 )
-
-
-def rounded(value: Any, digits: int = 10) -> Any:
-    """Floats to ``digits`` significant digits (NaN/inf -> None), recursively."""
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        return None if not math.isfinite(v) else float(f"{v:.{digits}g}")
-    if isinstance(value, dict):
-        return {str(k): rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [rounded(v, digits) for v in value]
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def dump_json(doc: dict[str, Any], digits: int = 10) -> str:
-    return json.dumps(rounded(doc, digits), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def model_entry(fit: AppFit | TradeoffFit, diagnostics: dict[str, Any]) -> dict[str, Any]:
@@ -373,7 +355,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
         "apps": app_summaries,
         "tradeoff": trade_summary,
     }
-    summ = json.loads(dump_json(summ))
+    summ = json.loads(dump_json(summ, digits=10))
     models = [model_entry(f, {"accuracy_rmse_by_batch": f.rmse, "log_noise_rmse_bins":
                               f.grad.rmse_log_noise_bins, "log_noise_rmse_rows":
                               f.grad.rmse_log_noise_rows, "ordering_kendall_tau": {
@@ -396,7 +378,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
     # Parameters at full precision (17 digits round-trip a double): rounding log_grad_var and
     # log_grad_sqr separately would break the monotonicity of their difference on flat stretches.
     atomic_write_text(out_dir / CONVERGENCE_MODELS_FILE, dump_json(doc, digits=17))
-    atomic_write_text(report_dir / "convergence_fit.json", dump_json(summ))
+    atomic_write_text(report_dir / "convergence_fit.json", dump_json(summ, digits=10))
     atomic_write_text(report_dir / "convergence_fit.md", render_markdown(summ))
     plot(report_dir / "convergence_fit.png", traces, fits, trade, t_iter)
     log.info("wrote %s and the report in %s", out_dir / CONVERGENCE_MODELS_FILE, report_dir)

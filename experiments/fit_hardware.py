@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 import sim
 from experiments.common import atomic_write_text, describe_file
-from sim.datafiles import data_path
+from sim.datafiles import data_path, dump_json
 from sim.fitting.hardware import (
     COMM_EQUATION,
     COMPUTE_EQUATION,
@@ -59,6 +59,8 @@ JUMP_FACTOR = 1.2
 #: Data caveats named in the report when the table has them (computed from the table, see
 #: :func:`data_caveats`): a regime change between two consecutive batches of the multi-GPU rows.
 KNOWN_JUMPS: tuple[tuple[str, str, int, int], ...] = (("V100", "ncf", 2901, 4103),)
+#: The written files' floats: 6 significant digits, |x| < 1e-12 written as 0.
+JSON_ROUNDING: dict[str, Any] = {"digits": 6, "zero_below": 1e-12}
 
 
 def single_gpu_flagged(check: dict[str, Any]) -> bool:
@@ -66,25 +68,6 @@ def single_gpu_flagged(check: dict[str, Any]) -> bool:
         return False
     worst = max(abs(check["min_ratio"] - 1.0), abs(check["max_ratio"] - 1.0))
     return abs(check["median_ratio"] - 1.0) > SINGLE_GPU_FLAG or worst > SINGLE_GPU_FLAG_ANY
-
-
-def rounded(value: Any, digits: int = 6) -> Any:
-    """Floats to ``digits`` significant digits (NaN -> None, |x| < 1e-12 -> 0), recursively."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if abs(value) < 1e-12:
-            return 0.0
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {str(k): rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [rounded(v, digits) for v in value]
-    return value
-
-
-def dump_json(doc: dict[str, Any]) -> str:
-    return json.dumps(rounded(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def per_batch(errors: dict[int, float]) -> list[list[float]]:
@@ -470,12 +453,12 @@ def fit_hardware(
         "pairs": pairs,
     }
     # Round once so the markdown (and the caveats) show exactly the figures of the JSON.
-    summary = json.loads(dump_json(summary))
+    summary = json.loads(dump_json(summary, **JSON_ROUNDING))
     summary["data_caveats"] = data_caveats(table, summary["pairs"], list(host_floor_pairs))
 
-    atomic_write_text(out_dir / COMPUTE_MODELS_FILE, dump_json(compute_doc))
-    atomic_write_text(out_dir / COMM_MODELS_FILE, dump_json(comm_doc))
-    atomic_write_text(report_dir / REPORT_JSON, dump_json(summary))
+    atomic_write_text(out_dir / COMPUTE_MODELS_FILE, dump_json(compute_doc, **JSON_ROUNDING))
+    atomic_write_text(out_dir / COMM_MODELS_FILE, dump_json(comm_doc, **JSON_ROUNDING))
+    atomic_write_text(report_dir / REPORT_JSON, dump_json(summary, **JSON_ROUNDING))
     atomic_write_text(report_dir / REPORT_MD, render_markdown(summary))
     log.info("wrote %s, %s to %s", COMPUTE_MODELS_FILE, COMM_MODELS_FILE, out_dir)
     log.info("wrote %s, %s to %s", REPORT_MD, REPORT_JSON, report_dir)

@@ -1,4 +1,5 @@
-"""Cluster specs: nodes of homogeneous GPUs, workers numbered node by node."""
+"""Cluster specs: nodes of homogeneous GPUs (or of a profile's measured worker type,
+:class:`ProfiledNodeSpec`), workers numbered node by node."""
 
 from __future__ import annotations
 
@@ -25,6 +26,24 @@ class NodeSpec:
         check_int(f"gpus on a {self.gpu} node", self.gpus, 1, 64)
         check_int("cpu_cores", self.cpu_cores, 1)
         check_positive("host_mem_gib", self.host_mem_gib)
+
+
+@dataclass(frozen=True)
+class ProfiledNodeSpec(NodeSpec):
+    """A node of a worker type measured by a profile (not one of ``GPU_MEMORY_GIB``'s GPUs).
+
+    ``mem_gib`` is the device memory of one worker (for the memory-utilisation signal only).
+    """
+
+    mem_gib: float = 16.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, str) or not self.gpu.strip():
+            raise ValueError(f"node gpu type must be a non-empty name, got {self.gpu!r}")
+        check_int(f"gpus on a {self.gpu} node", self.gpus, 1, 4096)
+        check_int("cpu_cores", self.cpu_cores, 1)
+        check_positive("host_mem_gib", self.host_mem_gib)
+        check_positive(f"mem_gib of worker type {self.gpu}", self.mem_gib)
 
 
 @dataclass(frozen=True)

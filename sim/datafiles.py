@@ -1,15 +1,20 @@
-"""Loading the fitted-parameter files shipped in ``sim/data`` (written by the fitting scripts)."""
+"""Files of the simulator: loading the fitted-parameter files shipped in ``sim/data`` (written by the
+fitting scripts), atomic writes, and the one JSON dumper (:func:`dump_json`, :func:`jsonable`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, is_dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import IO, Any, TypeVar
+
+import numpy as np
 
 from sim.validation import check_choice
 
@@ -43,6 +48,37 @@ def atomic_write(path: str | Path, write: Callable[[IO], Any], mode: str = "w") 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """:func:`atomic_write` of a string."""
     return atomic_write(path, lambda fh: fh.write(text))
+
+
+def jsonable(value: Any, digits: int | None = None, zero_below: float = 0.0) -> Any:
+    """Plain JSON: NaN / inf -> None, numpy scalars and arrays -> Python, tuples -> lists, paths ->
+    strings, dataclasses -> dicts, keys -> strings. With ``digits``, finite floats are rounded to
+    that many significant digits, and those with ``|x| < zero_below`` written as 0."""
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if not math.isfinite(v):
+            return None
+        if digits is None:
+            return v
+        return 0.0 if abs(v) < zero_below else float(f"{v:.{digits}g}")
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist(), digits, zero_below)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, digits, zero_below) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v, digits, zero_below) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return jsonable(asdict(value), digits, zero_below)
+    return value
+
+
+def dump_json(doc: Any, digits: int | None = None, zero_below: float = 0.0) -> str:
+    """``doc`` as indented JSON with sorted keys and a final newline (see :func:`jsonable`)."""
+    return json.dumps(jsonable(doc, digits, zero_below), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def data_path(name: str) -> Path:

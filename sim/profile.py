@@ -26,20 +26,18 @@ training curves. Nothing here imports pandas at module load (the simulator impor
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
-from sim.cluster import ClusterSpec, NodeSpec
+from sim.cluster import ClusterSpec, ProfiledNodeSpec
 from sim.convergence import ConvergenceParams, convergence_params
-from sim.datafiles import atomic_write_text, data_path
+from sim.datafiles import atomic_write_text, data_path, dump_json
 from sim.hardware import GPU_MEMORY_GIB, ComputeParams, compute_params
 from sim.network import CommParams, comm_params
-from sim.validation import check_choice, check_int, check_positive
+from sim.specs_io import cluster_from_dict, cluster_to_dict, spec_from_dict
+from sim.validation import check_choice, check_positive
 from sim.workloads import Workload
 
 T = TypeVar("T")
@@ -79,24 +77,6 @@ class ModelTables:
 
 
 SHIPPED_MODELS = ModelTables()
-
-
-@dataclass(frozen=True)
-class ProfiledNodeSpec(NodeSpec):
-    """A node of a worker type measured by a profile (not one of ``GPU_MEMORY_GIB``'s GPUs).
-
-    ``mem_gib`` is the device memory of one worker (for the memory-utilisation signal only).
-    """
-
-    mem_gib: float = 16.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.gpu, str) or not self.gpu.strip():
-            raise ValueError(f"node gpu type must be a non-empty name, got {self.gpu!r}")
-        check_int(f"gpus on a {self.gpu} node", self.gpus, 1, 4096)
-        check_int("cpu_cores", self.cpu_cores, 1)
-        check_positive("host_mem_gib", self.host_mem_gib)
-        check_positive(f"mem_gib of worker type {self.gpu}", self.mem_gib)
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,8 +200,6 @@ def load_profile(ref: str | Path | ClusterProfile) -> ClusterProfile:
     """
     if isinstance(ref, ClusterProfile):
         return ref
-    from sim.specs_io import spec_from_dict
-
     path = profile_path(ref)
     root = path.parent
     doc = _read_json(path)
@@ -237,7 +215,7 @@ def load_profile(ref: str | Path | ClusterProfile) -> ClusterProfile:
         str(k): check_positive(f"{where}: gpu_memory_gib[{k}]", v)
         for k, v in doc.get("gpu_memory_gib", {}).items()
     }
-    cluster = cluster_from_profile_dict(doc["cluster"], memory, where)
+    cluster = cluster_from_dict(doc["cluster"], memory, where)
     workload = spec_from_dict(Workload, doc["workload"], f"{where}: workload")
     compute = {
         (p.gpu, p.app): p
@@ -262,69 +240,6 @@ def load_profile(ref: str | Path | ClusterProfile) -> ClusterProfile:
         },
         path=root,
     )
-
-
-def cluster_from_profile_dict(
-    data: Mapping[str, Any], memory_gib: Mapping[str, float], where: str
-) -> ClusterSpec:
-    """``{name, nodes: [{gpu, gpus, cpu_cores, host_mem_gib}]}``; a node of a type not in
-    ``GPU_MEMORY_GIB`` (or listed in ``memory_gib``) becomes a :class:`ProfiledNodeSpec`."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
-        raise ValueError(
-            f"{where}: cluster must be {{name, nodes: [{{gpu, gpus, ...}}, ...]}} with at least one node"
-        )
-    allowed = {"gpu", "gpus", "cpu_cores", "host_mem_gib"}
-    nodes = []
-    for i, n in enumerate(data["nodes"]):
-        unknown = [k for k in n if k not in allowed]
-        if unknown:
-            raise ValueError(
-                f"{where}: cluster.nodes[{i}]: unknown key(s) {unknown}; known keys: {sorted(allowed)}"
-            )
-        gpu = str(n.get("gpu", ""))
-        kwargs = {k: n[k] for k in ("gpus", "cpu_cores", "host_mem_gib") if k in n}
-        if gpu in memory_gib or gpu not in GPU_MEMORY_GIB:
-            if gpu not in memory_gib:
-                raise ValueError(
-                    f"{where}: worker type {gpu!r} of cluster.nodes[{i}] is not a known GPU "
-                    f"({sorted(GPU_MEMORY_GIB)}); give its memory in gpu_memory_gib"
-                )
-            nodes.append(ProfiledNodeSpec(gpu=gpu, mem_gib=float(memory_gib[gpu]), **kwargs))
-        else:
-            nodes.append(NodeSpec(gpu=gpu, **kwargs))
-    return ClusterSpec(name=str(data.get("name", "profiled")), nodes=tuple(nodes))
-
-
-def cluster_to_profile_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    nodes = [
-        {"gpu": n.gpu, "gpus": n.gpus, "cpu_cores": n.cpu_cores, "host_mem_gib": n.host_mem_gib}
-        for n in cluster.nodes
-    ]
-    return {"name": cluster.name, "nodes": nodes}
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON: NaN / inf -> None, numpy scalars and arrays -> Python, tuples -> lists."""
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return jsonable(asdict(value))
-    return value
-
-
-def dump_json(doc: Any) -> str:
-    return json.dumps(jsonable(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_profile(
@@ -370,7 +285,7 @@ def write_profile(
     doc = {
         "profile_format": PROFILE_FORMAT,
         "name": name,
-        "cluster": cluster_to_profile_dict(cluster),
+        "cluster": cluster_to_dict(cluster),
         "workload": asdict(workload),
         "gpu_memory_gib": memory,
         "simulator": dict(simulator or {}),

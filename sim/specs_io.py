@@ -13,6 +13,9 @@ A cluster is written in one of two forms:
 * ``{name, nodes: [{gpu, gpus, cpu_cores, host_mem_gib}, ...]}``: exactly these nodes;
 * ``{workers, t4_fraction}`` (``name`` optional): the default T4 / V100 mix of
   :func:`sim.cluster.default_cluster`.
+
+A calibrated profile (:mod:`sim.profile`) stores its cluster in the exact-nodes form too, read with
+its ``gpu_memory_gib`` (new worker types become :class:`sim.cluster.ProfiledNodeSpec` nodes).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sim.cluster import ClusterSpec, default_cluster
+from sim.cluster import ClusterSpec, NodeSpec, ProfiledNodeSpec, default_cluster
 from sim.faults import Scenario
+from sim.hardware import GPU_MEMORY_GIB
 from sim.workloads import Workload
 
 __all__ = [
@@ -42,6 +46,8 @@ T = TypeVar("T")
 
 #: Keys of the default-mix cluster form.
 DEFAULT_MIX_KEYS = ("name", "workers", "t4_fraction")
+#: Keys of a node in the exact-nodes cluster form.
+NODE_KEYS = ("gpu", "gpus", "cpu_cores", "host_mem_gib")
 
 
 def spec_from_dict(cls: type[T], data: Any, where: str | None = None) -> T:
@@ -95,8 +101,17 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
     return spec_to_dict(workload)
 
 
-def cluster_from_dict(data: Mapping[str, Any]) -> ClusterSpec:
-    """A cluster from its ``nodes`` (exact) or from ``workers`` (the default T4 / V100 mix)."""
+def cluster_from_dict(
+    data: Mapping[str, Any], memory_gib: Mapping[str, float] | None = None, where: str = "cluster"
+) -> ClusterSpec:
+    """A cluster from its ``nodes`` (exact) or from ``workers`` (the default T4 / V100 mix).
+
+    With ``memory_gib`` (a profile's device memory of its new worker types; see :mod:`sim.profile`)
+    only the exact-nodes form is read, and a node of a type listed there, or not in
+    ``GPU_MEMORY_GIB``, becomes a :class:`sim.cluster.ProfiledNodeSpec`. ``where`` names the
+    source in a profile's error messages."""
+    if memory_gib is not None:
+        return _profiled_cluster(data, memory_gib, where)
     if not isinstance(data, Mapping):
         raise ValueError(f"cluster must be a mapping, got {type(data).__name__}")
     if "nodes" in data and "workers" in data:
@@ -122,11 +137,40 @@ def cluster_from_dict(data: Mapping[str, Any]) -> ClusterSpec:
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    """The exact-nodes form (every cluster has one)."""
-    return spec_to_dict(cluster)
+    """The exact-nodes form (every cluster has one); a profiled node's device memory is not part of
+    it (a profile keeps it in its ``gpu_memory_gib``)."""
+    return {"name": cluster.name, "nodes": [{k: getattr(n, k) for k in NODE_KEYS} for n in cluster.nodes]}
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+def _profiled_cluster(data: Mapping[str, Any], memory_gib: Mapping[str, float], where: str) -> ClusterSpec:
+    """:func:`cluster_from_dict`'s profile form: exactly ``{name, nodes: [{gpu, gpus, ...}]}``."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
+        raise ValueError(
+            f"{where}: cluster must be {{name, nodes: [{{gpu, gpus, ...}}, ...]}} with at least one node"
+        )
+    allowed = set(NODE_KEYS)
+    nodes = []
+    for i, n in enumerate(data["nodes"]):
+        unknown = [k for k in n if k not in allowed]
+        if unknown:
+            raise ValueError(
+                f"{where}: cluster.nodes[{i}]: unknown key(s) {unknown}; known keys: {sorted(allowed)}"
+            )
+        gpu = str(n.get("gpu", ""))
+        kwargs = {k: n[k] for k in NODE_KEYS[1:] if k in n}
+        if gpu in memory_gib or gpu not in GPU_MEMORY_GIB:
+            if gpu not in memory_gib:
+                raise ValueError(
+                    f"{where}: worker type {gpu!r} of cluster.nodes[{i}] is not a known GPU "
+                    f"({sorted(GPU_MEMORY_GIB)}); give its memory in gpu_memory_gib"
+                )
+            nodes.append(ProfiledNodeSpec(gpu=gpu, mem_gib=float(memory_gib[gpu]), **kwargs))
+        else:
+            nodes.append(NodeSpec(gpu=gpu, **kwargs))
+    return ClusterSpec(name=str(data.get("name", "profiled")), nodes=tuple(nodes))
+
+
 def _convert(hint: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return spec_from_dict(hint, value, where)

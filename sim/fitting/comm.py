@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
-from sim.fitting.lsq import GAMMA_BOUNDS, LOSS_SCALE
+from sim.fitting.lsq import GAMMA_BOUNDS, LOSS_SCALE, multi_start_lsq
 from sim.hardware import ComputeParams, smooth_max
 from sim.network import CommParams
 
@@ -94,22 +93,19 @@ def fit_comm_report(table_for_pair: pd.DataFrame, compute: ComputeParams) -> tup
     n_lin = len(starts_base)
     lower = [0.0] * n_lin + [GAMMA_BOUNDS[0]]
     upper = [np.inf] * n_lin + [GAMMA_BOUNDS[1]]
-    best = None
-    for g0 in (1.5, 4.0, 12.0):
-        for scale in (1.0, 0.5):
-            p0 = np.asarray([v * scale for v in starts_base] + [g0])
-            res = least_squares(
-                residuals,
-                p0,
-                bounds=(lower, upper),
-                loss="soft_l1",
-                f_scale=LOSS_SCALE,
-                x_scale="jac",
-                max_nfev=4000,
-            )
-            if best is None or res.cost < best.cost - 1e-12:
-                best = res
-    assert best is not None
+    best = multi_start_lsq(
+        residuals,
+        (
+            np.asarray([v * scale for v in starts_base] + [g0])
+            for g0 in (1.5, 4.0, 12.0)
+            for scale in (1.0, 0.5)
+        ),
+        bounds=(lower, upper),
+        loss="soft_l1",
+        f_scale=LOSS_SCALE,
+        x_scale="jac",
+        max_nfev=4000,
+    )
     p = expand(best.x)
     params = CommParams(
         gpu=compute.gpu,

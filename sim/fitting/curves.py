@@ -154,8 +154,7 @@ def _refit_time_to_target(
     stretch exponent, by least squares on log steps-to-target (model vs the measured medians), as
     :func:`sim.fitting.tradeoff.fit_tradeoff` fits minutes to peak. The shape, ceiling and
     gradient statistics stay those of the curve fit."""
-    from scipy.optimize import least_squares
-
+    from sim.fitting.lsq import multi_start_lsq
     from sim.fitting.tradeoff import progress_to_accuracy, steps_to_progress
 
     pairs = [(m, a, n) for a in targets for m, n in _measured_steps(curves, a).items()]
@@ -179,11 +178,11 @@ def _refit_time_to_target(
 
     z0 = np.array([0.0, params.stretch_exponent])
     before = float(np.sqrt(np.mean(residuals(z0) ** 2)))
-    best = None
-    for s0 in (0.0, params.stretch_exponent, 0.5):
-        sol = least_squares(residuals, [0.0, s0], bounds=([math.log(0.2), 0.0], [math.log(5.0), 2.0]))
-        if best is None or sol.cost < best.cost - 1e-12:
-            best = sol
+    best = multi_start_lsq(
+        residuals,
+        ([0.0, s0] for s0 in (0.0, params.stretch_exponent, 0.5)),
+        bounds=([math.log(0.2), 0.0], [math.log(5.0), 2.0]),
+    )
     after = float(np.sqrt(np.mean(best.fun**2)))
     if after >= before:
         return params, f"time-to-target refit kept the curve fit (RMS log error {before:.3f})"

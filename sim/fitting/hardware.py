@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from sim.fitting.comm import fit_comm_report
-from sim.fitting.lsq import EXPONENT_BOUNDS, K_BOUNDS, LOSS_SCALE
+from sim.fitting.lsq import EXPONENT_BOUNDS, K_BOUNDS, LOSS_SCALE, multi_start_lsq
 from sim.fitting.table import (
     MIN_ONE_GPU_BATCHES,
     SOURCE_ONE_GPU,
@@ -120,9 +119,14 @@ def _as_xy(local_batch: Sequence[float] | np.ndarray, compute_time_s: Sequence[f
     return b[order], t[order]
 
 
-def _fit_curve(b: np.ndarray, t: np.ndarray, exponent: float | None, alpha_zero: bool = False) -> _CurveFit:
-    """Least-squares fit of the compute curve; ``exponent=None`` leaves the exponent free and
-    ``alpha_zero`` holds alpha_s at 0 (the fixed per-step cost is then the host floor alone).
+def _fit_curve(
+    b: np.ndarray, t: np.ndarray, exponent: float | None, alpha_zero: bool = False, additive: bool = False
+) -> _CurveFit:
+    """Least-squares fit of the compute curve; ``exponent=None`` leaves the exponent free,
+    ``alpha_zero`` holds alpha_s at 0 (the fixed per-step cost is then the host floor alone) and
+    ``additive`` holds host_s at 0 and k at 1 (``T = alpha_s + beta_s * b**exponent``, the
+    floor-free model of :data:`sim.fitting.step_time.ADDITIVE_RULE`, fitted without the
+    analytic Jacobian).
 
     Works in normalised units (times over their median, batches over the largest), so every
     parameter is O(1): T/ts = smooth_max(h, a + c * (b / bmax) ** e, k).
@@ -133,12 +137,15 @@ def _fit_curve(b: np.ndarray, t: np.ndarray, exponent: float | None, alpha_zero:
     log_y = np.log(y)
     log_x = np.log(x)
     free = exponent is None
-    names = (() if alpha_zero else ("a",)) + ("c",) + (("e",) if free else ()) + ("h", "k")
+    if additive:
+        names: tuple[str, ...] = ("a", "c") + (("e",) if free else ())
+    else:
+        names = (() if alpha_zero else ("a",)) + ("c",) + (("e",) if free else ()) + ("h", "k")
 
     def unpack(p: np.ndarray) -> tuple[float, float, float, float, float]:
         v = dict(zip(names, p, strict=True))
         e = v["e"] if free else float(exponent)
-        return v.get("a", 0.0), v["c"], e, v["h"], v["k"]
+        return v.get("a", 0.0), v["c"], e, v.get("h", 0.0), v.get("k", 1.0)
 
     def residuals(p: np.ndarray) -> np.ndarray:
         a, c, e, h, k = unpack(p)
@@ -160,35 +167,43 @@ def _fit_curve(b: np.ndarray, t: np.ndarray, exponent: float | None, alpha_zero:
         cols = {"a": d_g, "c": d_g * xe, "e": d_g * c * xe * log_x, "h": d_h, "k": d_k}
         return np.column_stack([cols[n] for n in names])
 
-    # Initial guesses: a straight line through the upper half of the batches (GPU-bound part),
-    # crossed with exponents, sharpness values and "no host floor" / "floor at the fastest step".
-    upper = x >= np.median(x)
-    slope, intercept = np.polyfit(x[upper], y[upper], 1) if upper.sum() >= 2 else (y[-1], 0.0)
-    c0 = max(float(slope), 0.1 * float(y.max()))
-    a0 = float(np.clip(intercept, 1e-3, 0.9 * y.min()))
     exponents = (0.75, 1.0, 1.25) if free else (float(exponent),)
     low = {"a": 0.0, "c": 1e-9, "e": EXPONENT_BOUNDS[0], "h": 0.0, "k": K_BOUNDS[0]}
     high = {"a": np.inf, "c": np.inf, "e": EXPONENT_BOUNDS[1], "h": np.inf, "k": K_BOUNDS[1]}
-    bounds = ([low[n] for n in names], [high[n] for n in names])
-
-    best = None
-    for e0 in exponents:
-        for k0 in (3.0, 16.0):
-            for h0 in (1e-3, 0.95 * float(y.min())):
-                start = {"a": a0, "c": c0, "e": e0, "h": h0, "k": k0}
-                res = least_squares(
-                    residuals,
-                    np.asarray([start[n] for n in names]),
-                    jac=jacobian,
-                    bounds=bounds,
-                    loss="soft_l1",
-                    f_scale=LOSS_SCALE,
-                    x_scale="jac",
-                    max_nfev=500,
-                )
-                if best is None or res.cost < best.cost - 1e-12:
-                    best = res
-    assert best is not None
+    lo, hi = [low[n] for n in names], [high[n] for n in names]
+    if additive:
+        # Initial guesses: the straight line through all batches and (half the fastest step,
+        # the slowest step), crossed with exponents.
+        slope, intercept = np.polyfit(x, y, 1)
+        ac0 = [
+            (max(float(intercept), 1e-3), max(float(slope), 1e-3)),
+            (0.5 * float(np.min(y)), float(np.max(y))),
+        ]
+        starts = [{"a": a0, "c": c0, "e": e0} for a0, c0 in ac0 for e0 in exponents]
+        options: dict[str, Any] = {}
+    else:
+        # Initial guesses: a straight line through the upper half of the batches (GPU-bound part),
+        # crossed with exponents, sharpness values and "no host floor" / "floor at the fastest step".
+        upper = x >= np.median(x)
+        slope, intercept = np.polyfit(x[upper], y[upper], 1) if upper.sum() >= 2 else (y[-1], 0.0)
+        c0 = max(float(slope), 0.1 * float(y.max()))
+        a0 = float(np.clip(intercept, 1e-3, 0.9 * y.min()))
+        starts = [
+            {"a": a0, "c": c0, "e": e0, "h": h0, "k": k0}
+            for e0 in exponents
+            for k0 in (3.0, 16.0)
+            for h0 in (1e-3, 0.95 * float(y.min()))
+        ]
+        options = {"jac": jacobian, "max_nfev": 500}
+    best = multi_start_lsq(
+        residuals,
+        (np.clip([st[n] for n in names], lo, hi) for st in starts),
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=LOSS_SCALE,
+        x_scale="jac",
+        **options,
+    )
     a, c, e, h, k = unpack(best.x)
     return _CurveFit(
         alpha_s=a * ts,
@@ -205,6 +220,7 @@ def loo_mdape(
     compute_time_s: Sequence[float] | np.ndarray,
     exponent: float | None = 1.0,
     alpha_zero: bool = False,
+    additive: bool = False,
 ) -> tuple[float, dict[int, float]]:
     """Leave-one-batch-size-out error of the compute model.
 
@@ -215,6 +231,7 @@ def loo_mdape(
         compute_time_s: compute time per batch, seconds.
         exponent: fixed exponent, or ``None`` to fit it freely in :data:`EXPONENT_BOUNDS`.
         alpha_zero: hold alpha_s at 0 (see :data:`HOST_FLOOR_PAIRS`).
+        additive: hold host_s at 0 and k at 1 (the floor-free model, see :func:`_fit_curve`).
 
     Returns:
         (median absolute percentage error as a fraction, {batch: abs. percentage error}).
@@ -227,7 +244,7 @@ def loo_mdape(
     errors: dict[int, float] = {}
     for i in range(b.size):
         keep = np.arange(b.size) != i
-        fit = _fit_curve(b[keep], t[keep], exponent, alpha_zero)
+        fit = _fit_curve(b[keep], t[keep], exponent, alpha_zero, additive)
         pred = float(fit.predict(b[i : i + 1])[0])
         errors[int(b[i])] = abs(pred / t[i] - 1.0)
     return float(np.median(list(errors.values()))), errors
@@ -252,13 +269,15 @@ def fit_compute_report(
     max_batch: int | None = None,
     exponent: float | str | None = "auto",
     alpha_zero: bool = False,
+    additive: bool = False,
 ) -> tuple[ComputeParams, ComputeFitReport]:
-    """:func:`fit_compute` plus its diagnostics (see there for the arguments)."""
+    """:func:`fit_compute` plus its diagnostics (see there for the arguments; ``additive`` holds
+    host_s at 0 and k at 1, the floor-free model of :func:`sim.fitting.step_time.fit_compute_additive`)."""
     b, t = _as_xy(local_batch, compute_time_s)
     if exponent == "auto":
         if b.size >= 3:
-            fixed_err, fixed_per = loo_mdape(b, t, 1.0, alpha_zero)
-            free_err, free_per = loo_mdape(b, t, None, alpha_zero)
+            fixed_err, fixed_per = loo_mdape(b, t, 1.0, alpha_zero, additive)
+            free_err, free_per = loo_mdape(b, t, None, alpha_zero, additive)
         else:
             fixed_err = free_err = float("nan")
             fixed_per = free_per = {}
@@ -268,7 +287,7 @@ def fit_compute_report(
     elif exponent is None or isinstance(exponent, int | float):
         chosen = None if exponent is None else float(exponent)
         if b.size >= 3:
-            loo, per = loo_mdape(b, t, chosen, alpha_zero)
+            loo, per = loo_mdape(b, t, chosen, alpha_zero, additive)
         else:
             loo, per = float("nan"), {}
         fixed_err = loo if chosen is not None else float("nan")
@@ -276,7 +295,7 @@ def fit_compute_report(
     else:
         raise ValueError(f"exponent must be 'auto', None (free) or a number, got {exponent!r}")
 
-    fit = _fit_curve(b, t, chosen, alpha_zero)
+    fit = _fit_curve(b, t, chosen, alpha_zero, additive)
     pred = fit.predict(b)
     rel = pred / t - 1.0
     params = ComputeParams(

@@ -3,7 +3,6 @@ the fit of a profile's measured table and the held-out check of the fitted step 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,56 +25,6 @@ ADDITIVE_RULE = (
 )
 
 
-def _fit_additive(b: np.ndarray, t: np.ndarray, exponent: float | None) -> tuple[float, float, float, float]:
-    """Least squares on log residuals of ``alpha + beta * b**e`` (normalised units, soft_l1 loss with
-    :data:`sim.fitting.hardware.LOSS_SCALE`, fixed initial guesses): (alpha_s, beta_s, exponent, cost)."""
-    from scipy.optimize import least_squares
-
-    from sim.fitting.hardware import EXPONENT_BOUNDS, LOSS_SCALE
-
-    ts, bmax = float(np.median(t)), float(b.max())
-    x, log_y = b / bmax, np.log(t / ts)
-    free = exponent is None
-
-    def unpack(p: np.ndarray) -> tuple[float, float, float]:
-        return p[0], p[1], (p[2] if free else float(exponent))
-
-    def residuals(p: np.ndarray) -> np.ndarray:
-        a, c, e = unpack(p)
-        return np.log(a + c * x**e) - log_y
-
-    slope, intercept = np.polyfit(x, t / ts, 1)
-    starts = [(max(float(intercept), 1e-3), max(float(slope), 1e-3))]
-    starts.append((0.5 * float(np.min(t / ts)), float(np.max(t / ts))))
-    best = None
-    for a0, c0 in starts:
-        for e0 in (0.75, 1.0, 1.25) if free else (float(exponent),):
-            p0 = [a0, c0] + ([e0] if free else [])
-            lo = [0.0, 1e-9] + ([EXPONENT_BOUNDS[0]] if free else [])
-            hi = [np.inf, np.inf] + ([EXPONENT_BOUNDS[1]] if free else [])
-            res = least_squares(
-                residuals,
-                np.clip(p0, lo, hi),
-                bounds=(lo, hi),
-                loss="soft_l1",
-                f_scale=LOSS_SCALE,
-                x_scale="jac",
-            )
-            if best is None or res.cost < best.cost - 1e-12:
-                best = res
-    a, c, e = unpack(best.x)
-    return a * ts, c * ts / bmax**e, e, float(best.cost)
-
-
-def _loo_additive(b: np.ndarray, t: np.ndarray, exponent: float | None) -> tuple[float, dict[int, float]]:
-    errors = {}
-    for i in range(b.size):
-        keep = np.arange(b.size) != i
-        a, c, e, _ = _fit_additive(b[keep], t[keep], exponent)
-        errors[int(b[i])] = abs((a + c * b[i] ** e) / t[i] - 1.0)
-    return float(np.median(list(errors.values()))), errors
-
-
 def fit_compute_additive(
     local_batch: Sequence[float],
     compute_time_s: Sequence[float],
@@ -84,34 +33,21 @@ def fit_compute_additive(
     max_batch: int | None = None,
 ) -> tuple[ComputeParams, dict[str, Any]]:
     """Fit ``T_compute(b) = alpha_s + beta_s * b ** exponent`` with ``host_s = 0`` (:data:`ADDITIVE_RULE`),
-    the exponent fixed at 1 or free by :data:`sim.fitting.hardware.EXPONENT_RULE` (leave-one-batch-size-out)."""
-    from sim.fitting.hardware import EXPONENT_MIN_GAIN
+    the exponent fixed at 1 or free by :data:`sim.fitting.hardware.EXPONENT_RULE` (leave-one-batch-size-out):
+    :func:`sim.fitting.hardware.fit_compute_report` with ``additive=True``."""
+    from sim.fitting.hardware import fit_compute_report
 
-    order = np.argsort(np.asarray(local_batch, dtype=np.float64))
-    b = np.asarray(local_batch, dtype=np.float64)[order]
-    t = np.asarray(compute_time_s, dtype=np.float64)[order]
+    b = np.asarray(local_batch, dtype=np.float64)
+    t = np.asarray(compute_time_s, dtype=np.float64)
     if b.size < 2 or np.any(t <= 0) or np.any(b < 1):
         raise ValueError(f"{gpu}/{app}: fitting a compute model needs >= 2 batch sizes >= 1 with times > 0")
-    if b.size >= 3:
-        fixed, fixed_per = _loo_additive(b, t, 1.0)
-        free, free_per = _loo_additive(b, t, None)
-    else:
-        fixed = free = math.nan
-        fixed_per = free_per = {}
-    use_free = bool(free <= (1.0 - EXPONENT_MIN_GAIN) * fixed)
-    a, c, e, _ = _fit_additive(b, t, None if use_free else 1.0)
-    rel = (a + c * b**e) / t - 1.0
-    params = ComputeParams(
-        gpu=gpu, app=app, alpha_s=a, beta_s=c, exponent=e, host_s=0.0, k=1.0,
-        max_batch=int(max_batch if max_batch is not None else b.max()),
-        loo_mdape=free if use_free else fixed, fit_mape=float(np.mean(np.abs(rel))),
-    )  # fmt: skip
+    params, rep = fit_compute_report(b, t, gpu, app, max_batch, additive=True)
     report = {
-        "exponent_mode": "free" if use_free else "fixed",
-        "loo_mdape_fixed": fixed,
-        "loo_mdape_free": free,
-        "loo_per_batch": free_per if use_free else fixed_per,
-        "residual_per_batch": {int(bb): float(r) for bb, r in zip(b, rel, strict=True)},
+        "exponent_mode": rep.exponent_mode,
+        "loo_mdape_fixed": rep.loo_mdape_fixed,
+        "loo_mdape_free": rep.loo_mdape_free,
+        "loo_per_batch": rep.loo_per_batch,
+        "residual_per_batch": rep.residuals,
         "host_floor": ADDITIVE_RULE,
     }
     return params, report

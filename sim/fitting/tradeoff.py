@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize
 
 from sim.cluster import ClusterSpec
 from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.datafiles import data_path
 from sim.fitting.convergence import MAX_NONE_EXPONENT
+from sim.fitting.lsq import multi_start_lsq
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
 from sim.scaling import advance
@@ -175,15 +175,11 @@ def fit_tradeoff(
         sim = [static_peak(model, m, t, peak_tol)[1] for m, t in zip(batches, t_iter, strict=True)]
         return np.log(np.array(sim)) - np.log(minutes)
 
-    best = None
-    for s0 in (0.5, 2.0, 8.0):
-        for ne0 in (0.1, 0.4):
-            sol = optimize.least_squares(
-                residuals, [math.log(s0), ne0],
-                bounds=([math.log(0.01), 0.0], [math.log(100.0), MAX_NONE_EXPONENT]),
-            )  # fmt: skip
-            if best is None or sol.cost < best.cost - 1e-12:
-                best = sol
+    best = multi_start_lsq(
+        residuals,
+        ([math.log(s0), ne0] for s0 in (0.5, 2.0, 8.0) for ne0 in (0.1, 0.4)),
+        bounds=([math.log(0.01), 0.0], [math.log(100.0), MAX_NONE_EXPONENT]),
+    )
     params = make(best.x)
     model = ConvergenceModel(params, lr_rule)
     rows = []

@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from sim.cluster import CLUSTERS, ClusterSpec, NodeSpec, default_cluster
+from sim.cluster import CLUSTERS, ClusterSpec, NodeSpec, ProfiledNodeSpec, default_cluster
 from sim.faults import SCENARIOS, FaultWindow, Scenario, ThrottleSpec
 from sim.specs_io import (
     cluster_from_dict,
@@ -56,6 +56,27 @@ def test_integers_in_float_fields_become_floats_and_lists_tuples():
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_workload_round_trip_is_exact(name):
     assert workload_from_dict(workload_to_dict(WORKLOADS[name])) == WORKLOADS[name]
+
+
+def test_profiled_cluster_round_trip_keeps_memory_out_of_the_nodes():
+    spec = ClusterSpec(
+        "p", (ProfiledNodeSpec(gpu="cpu", gpus=2, cpu_cores=4, mem_gib=8.0), NodeSpec("T4", 4))
+    )
+    d = cluster_to_dict(spec)
+    assert d == {
+        "name": "p",
+        "nodes": [
+            {"gpu": "cpu", "gpus": 2, "cpu_cores": 4, "host_mem_gib": 128.0},
+            {"gpu": "T4", "gpus": 4, "cpu_cores": 16, "host_mem_gib": 128.0},
+        ],
+    }
+    assert cluster_from_dict(d, {"cpu": 8.0}, "profile.json") == spec
+    with pytest.raises(ValueError, match="give its memory in gpu_memory_gib"):
+        cluster_from_dict(d, {}, "profile.json")
+    with pytest.raises(ValueError, match=r"profile.json: cluster.nodes\[0\]: unknown key"):
+        cluster_from_dict(
+            {"name": "p", "nodes": [{"gpu": "cpu", "mem_gib": 2}]}, {"cpu": 8.0}, "profile.json"
+        )
 
 
 @pytest.mark.parametrize("name", list(CLUSTERS))

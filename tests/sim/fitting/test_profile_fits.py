@@ -19,7 +19,7 @@ from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.measurement.profiling import profile_ladder, reference_rows
 from sim import profile as calib
-from sim.cluster import ClusterSpec
+from sim.cluster import ClusterSpec, ProfiledNodeSpec
 from sim.convergence import ConvergenceModel, convergence_params
 from sim.engine import Simulator
 from sim.faults import Scenario
@@ -30,7 +30,7 @@ from sim.fitting.table import read_profile_table
 from sim.fitting.tradeoff import progress_to_accuracy, steps_to_progress
 from sim.hardware import ComputeParams
 from sim.network import CommParams
-from sim.profile import ClusterProfile, ProfiledNodeSpec, load_profile, write_profile
+from sim.profile import ClusterProfile, load_profile, write_profile
 from sim.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -23,7 +23,7 @@ so the controller adds no work to them. Every ``interval`` iterations one
 ``all_gather`` brings the measurements to rank 0, which builds the same
 :class:`~sim.protocol.IntervalReport` the env sees, encodes the same observation, asks the policy (a
 baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
-does (:func:`dynamix_gym.actions.apply_action`: same action modes, same clipping). One ``broadcast``
+does (:mod:`dynamix_gym.actions`: same action modes, same clipping). One ``broadcast``
 hands every rank the new batches, the scaled learning rate and the stop flag, so every rank
 changes its batch at the same step boundary.
 """
@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
-from dynamix_gym.actions import action_space, apply_action, check_action_set
+from dynamix_gym.actions import ActionRule
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.schema import SCHEMA_VERSION, make_encoder
@@ -210,9 +210,7 @@ class DynamixController:
                     else policy
                 )
             self.encoder = make_encoder(SCHEMA_VERSION, self.spec)
-            mode = self.policy.action_mode
-            steps = check_action_set(mode, None)  # the env's default steps of the mode
-            self._actions = (mode, steps, action_space(mode, steps, self.spec))
+            self.actions = ActionRule.for_spec(self.policy.action_mode, self.spec)  # the env's default steps
             self.policy.reset(self.spec, np.random.default_rng(seed))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
@@ -394,7 +392,7 @@ class DynamixController:
             obs = self.encoder.encode(report)
             info = {"report": report, "local_batches": self.batches.copy()}
             action, _ = self.policy.predict(obs, info, deterministic=True)
-            new, _clipped = apply_action(action, *self._actions, self.batches, self.spec)
+            new, _clipped = self.actions.apply(action, self.batches, self.spec)
             stop = (
                 report.val_accuracy >= self.spec.target_accuracy
                 or report.wall_time_s >= self.spec.time_budget_s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from gymnasium import spaces
@@ -86,6 +87,31 @@ def apply_action(
             if r != p
         ]
     return applied, clipped
+
+
+@dataclass(frozen=True)
+class ActionRule:
+    """An action mode with its steps and space over a spec's workers: what a controller outside an
+    env (the torchrun drop-in, an arbitrator session) needs to turn actions into batches as the env
+    does."""
+
+    mode: str
+    steps: np.ndarray  # the mode's action set (deltas or factors)
+    space: spaces.Space
+
+    @classmethod
+    def for_spec(cls, mode: str, spec: BackendSpec, action_set: Sequence[float] | None = None) -> ActionRule:
+        """The rule of ``mode`` (its default steps unless ``action_set``) over ``spec``'s workers."""
+        if mode not in ACTION_MODES:
+            raise ValueError(f"unknown action_mode {mode!r}; choose one of {list(ACTION_MODES)}")
+        steps = check_action_set(mode, action_set)
+        return cls(mode, steps, action_space(mode, steps, spec))
+
+    def apply(
+        self, action, batches: np.ndarray, spec: BackendSpec
+    ) -> tuple[np.ndarray, list[dict[str, int]]]:
+        """:func:`apply_action` of this rule: new batches from ``batches`` and the clippings."""
+        return apply_action(action, self.mode, self.steps, self.space, batches, spec)
 
 
 def step_masks(

@@ -37,10 +37,10 @@ import grpc
 import numpy as np
 import torch
 
+from dynamix_gym.actions import ActionRule
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
-from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import get_schema, split_centralised
+from dynamix_gym.schema import get_schema, make_encoder, split_centralised
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import (
@@ -159,22 +159,6 @@ def policy_step(
 # --------------------------------------------------------------------------------------------
 # Sessions
 # --------------------------------------------------------------------------------------------
-class _SpecBackend:
-    """A backend that only carries a spec: the session reuses the env's encoder and action code."""
-
-    def __init__(self, spec: BackendSpec) -> None:
-        self.spec = spec
-
-    def reset(self, seed=None, *, rng=None) -> None:  # pragma: no cover - never driven
-        raise RuntimeError("a session's env is never driven; the job trains")
-
-    def run_interval(self, local_batches, iterations):  # pragma: no cover
-        raise RuntimeError("a session's env is never driven; the job trains")
-
-    def close(self) -> None:
-        pass
-
-
 @dataclass
 class Session:
     id: str
@@ -182,7 +166,8 @@ class Session:
     task: str
     policy_name: str
     spec: BackendSpec
-    env: HeteroClusterEnv
+    encoder: Any  # the env's observation encoder of the bundle's schema (its short history)
+    actions: ActionRule  # the env's delta steps over the job's workers
     next_seq: int
     last_seen: float
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -275,9 +260,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"bundle {served.name!r} is a centralised policy for {meta.num_workers} workers; "
                     f"the job has {spec.num_workers}"
                 )
-            env = HeteroClusterEnv(
-                backend=_SpecBackend(spec), interval=int(request.interval), obs_schema=meta.schema_version
-            )
+            encoder = make_encoder(meta.schema_version, spec)
+            actions = ActionRule.for_spec("delta", spec)
         except (FieldError, ValueError) as e:
             code = (
                 grpc.StatusCode.FAILED_PRECONDITION
@@ -285,13 +269,12 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             return self._refuse(context, code, str(e))
-        if [int(a) for a in env.action_set] != list(meta.action_set):
+        if [int(a) for a in actions.steps] != list(meta.action_set):
             return self._refuse(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"bundle {served.name!r} was trained with deltas {meta.action_set}",
             )
-        env.batches = spec.initial_batch.astype(np.int64).copy()
         now = self.clock()
         next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
         session = Session(
@@ -302,7 +285,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             task=request.task,
             policy_name=served.name,
             spec=spec,
-            env=env,
+            encoder=encoder,
+            actions=actions,
             next_seq=next_seq,
             last_seen=now,
         )
@@ -377,9 +361,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
 
     def _decide(self, session: Session, seq: int, report, current: np.ndarray) -> pb.Decision:
         served = self.store.get(session.policy_name)
-        env = session.env
-        env.batches = current
-        obs = env.encoder.encode(report)
+        obs = session.encoder.encode(report)
         spec = session.spec
         n = spec.num_workers
         terminated = bool(report.val_accuracy >= spec.target_accuracy)
@@ -389,8 +371,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, terminated)
         session.prev_val_accuracy = float(report.val_accuracy)
         actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, self.rng)
-        new, _ = env.apply_action(actions)
-        env.batches = new
+        new, _ = session.actions.apply(actions, current, spec)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
         session.next_seq = seq + 1

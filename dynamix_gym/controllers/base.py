@@ -17,7 +17,8 @@ class Controller(Protocol):
     ``info`` is the env's info dict: ``info["report"]`` is the last
     :class:`~sim.protocol.IntervalReport` (every backend provides it) and ``info["local_batches"]``
     the batches in force. Only controllers with ``uses_truth = True`` (the oracle) may read
-    ``report.truth``, which exists in simulation alone.
+    ``report.truth`` and ask ``info["ground_truth"]`` (the simulator's noise-free models,
+    :class:`~sim.protocol.GroundTruth`), which exist in simulation alone.
     """
 
     name: str

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.scaling import adascale_gain
 from sim.validation import check_int, check_range
 
 ELASTIC_BASELINES = ("fixed", "goodput_per_dollar", "oracle_pool", "spot_backfill")
@@ -197,8 +198,7 @@ class GoodputPerDollar(ElasticController):
         m = self.batch * float(counts.sum())
         m0 = self.spec.base_batch
         bn = self.noise.noise_scale or float(m0)
-        eff = (bn + m0) / (bn + m)
-        return (m / m0) * eff / t_iter
+        return adascale_gain(m, m0, bn) / t_iter
 
     def deltas(self, info: dict[str, Any]) -> np.ndarray:
         self._observe(info)

@@ -17,10 +17,10 @@ tries the profile first and then the shipped fits, so a profile may add new work
 ``simulator`` settings (``reconfig_delay_s``, ``interval_overhead_s``, ``min_batch``) are the
 simulator's defaults; explicit arguments win.
 
-Besides the format, this module holds the fitting glue the calibration app uses on top of
-:mod:`sim.fitting.hardware` and :mod:`sim.fitting.convergence` (same model classes, same least-squares fits):
-a held-out check of the step-time model and the fit of a convergence model from measured
-training curves. Nothing here imports pandas at module load (the simulator imports this module).
+This module owns the format only: the fits that fill a profile are in :mod:`sim.fitting` (this
+module imports nothing from there), the cluster's dict form is :func:`sim.specs_io.cluster_to_dict`
+and the JSON writer :func:`sim.datafiles.dump_json`. Nothing here imports pandas (the simulator
+imports this module).
 """
 
 from __future__ import annotations

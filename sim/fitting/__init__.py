@@ -7,6 +7,6 @@
 - :mod:`sim.fitting.convergence`: convergence models from the reference traces
 - :mod:`sim.fitting.curves`: convergence models from measured training curves (calibration)
 - :mod:`sim.fitting.tradeoff`: the ResNet-34 / CIFAR-100 accuracy trade-off
-- :mod:`sim.fitting.lsq`: the deterministic multi-start least squares every fit uses, and the
+- :mod:`sim.fitting.lsq`: the deterministic multi-start least squares of the fits, and the
   step-time fits' bounds and loss scale
 """

@@ -95,11 +95,7 @@ class SimGroundTruth:
         return self
 
     def __reduce__(self):
-        return (_no_ground_truth, ())
-
-
-def _no_ground_truth() -> None:
-    return None
+        return (type(None), ())  # unpickles as None
 
 
 def simulator_spec(sim: Simulator, initial_batch: int | None, time_budget_s: float | None) -> BackendSpec:

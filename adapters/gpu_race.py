@@ -32,11 +32,11 @@ from typing import Any
 
 import pandas as pd
 
-from sim.cluster import ClusterSpec
-from sim.datafiles import atomic_write_text
+from sim.cluster import ClusterSpec, ProfiledNodeSpec
+from sim.datafiles import atomic_write_text, dump_json
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
-from sim.profile import ClusterProfile, ProfiledNodeSpec, dump_json, load_profile, write_profile
+from sim.profile import ClusterProfile, load_profile, write_profile
 
 CONTROLLERS = [  # entries as in conf/fidelity.yaml (experiments.sim2real.parse_controller)
     {"static": {"batch": 32}},

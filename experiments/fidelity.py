@@ -53,8 +53,9 @@ from experiments.sim2real import (
     sim_env,
     spec_controller,
 )
+from sim.datafiles import dump_json
 from sim.faults import Scenario
-from sim.profile import ClusterProfile, dump_json
+from sim.profile import ClusterProfile
 
 log = logging.getLogger(__name__)
 

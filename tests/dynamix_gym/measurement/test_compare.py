@@ -11,11 +11,11 @@ import pytest
 
 from dynamix_gym.measurement.compare import IterationPredictor, ppo_advantage, ranking, speeds_at, tta_table
 from dynamix_gym.measurement.profiling import wait_for_quiet
-from sim.cluster import ClusterSpec
+from sim.cluster import ClusterSpec, ProfiledNodeSpec
 from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeParams
 from sim.network import CommParams
-from sim.profile import ProfiledNodeSpec, write_profile
+from sim.profile import write_profile
 from sim.workloads import Workload
 
 SCENARIO = Scenario(

@@ -25,6 +25,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 import sim
+from experiments.calibration_fit import parse_pairs
 from experiments.common import atomic_write_text, describe_file
 from sim.datafiles import data_path, dump_json
 from sim.fitting.hardware import (
@@ -468,17 +469,6 @@ def fit_hardware(
     if fallback:
         log.warning("compute fitted to the placement median (no one-GPU rows): %s", ", ".join(fallback))
     return summary
-
-
-def parse_pairs(items: Any) -> tuple[tuple[str, str], ...]:
-    """``["V100/cifar10", ...]`` (or ``[[gpu, app], ...]``) -> ``(("V100", "cifar10"), ...)``."""
-    out = []
-    for item in items or ():
-        parts = item.split("/") if isinstance(item, str) else [str(x) for x in item]
-        if len(parts) != 2 or not all(s.strip() for s in parts):
-            raise ValueError(f"host_floor_pairs entries must be 'GPU/app', got {item!r}")
-        out.append((parts[0].strip(), parts[1].strip()))
-    return tuple(out)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit_hardware")

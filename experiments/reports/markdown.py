@@ -25,6 +25,15 @@ def section(title: str, *blocks: Sequence[str], level: int = 2) -> list[str]:
     return out
 
 
+def blocks(parts: Iterable[Sequence[str]]) -> list[str]:
+    """The non-empty parts (lists of lines), a blank line between two."""
+    out: list[str] = []
+    for part in parts:
+        if part:
+            out += [""] * bool(out) + list(part)
+    return out
+
+
 def bullets(items: Iterable[str], empty: str | None = None) -> list[str]:
     """``- item`` lines; ``empty``'s line when there are none (and ``empty`` is given)."""
     out = [f"- {x}" for x in items]

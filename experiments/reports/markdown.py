@@ -12,9 +12,13 @@ def row(cells: Sequence[Any]) -> str:
     return "|" + "|".join(f" {c} " if str(c) != "" else " " for c in cells) + "|"
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """A markdown table: the header, its rule, one line per row."""
-    return [row(header), "|" + "---|" * len(header), *(row(r) for r in rows)]
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> list[str]:
+    """A markdown table: the header, its rule, one line per row. ``align``: one letter per column
+    (``l`` left, ``r`` right; rule ``| --- | ---: |``); None: the compact rule ``|---|---|``."""
+    rule = (
+        "|" + "---|" * len(header) if align is None else row(["---:" if c == "r" else "---" for c in align])
+    )
+    return [row(header), rule, *(row(r) for r in rows)]
 
 
 def section(title: str, *blocks: Sequence[str], level: int = 2) -> list[str]:

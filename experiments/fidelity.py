@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +78,23 @@ def resolve_ppo(cfg: DictConfig) -> tuple[str | None, str]:
     return None, f"no PPO bundle ({shown(main)} and the fallbacks are absent): PPO left out"
 
 
-def measure(
-    cfg: DictConfig,
-    profile: ClusterProfile,
-    real_config: dict[str, Any],
-    scenario: Scenario,
-    specs: list[dict[str, Any]],
-    interval: int,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Setup:
+    """What a fidelity run compares: the profile, the real backend it was measured on, the
+    scenario both play, the controllers (:func:`experiments.sim2real.controller_specs`), K."""
+
+    cfg: DictConfig
+    profile: ClusterProfile
+    real_config: dict[str, Any]
+    scenario: Scenario
+    specs: list[dict[str, Any]]
+    interval: int
+
+
+def measure(setup: Setup) -> dict[str, Any]:
     """Everything measured: the speed ladder, the real episodes, then the simulated ones."""
+    cfg, profile, real_config, scenario = setup.cfg, setup.profile, setup.real_config, setup.scenario
+    specs, interval = setup.specs, setup.interval
     budget = float(cfg.time_budget_s)
     quiet = None
     if cfg.quiet.enabled:
@@ -154,19 +163,12 @@ def load_measurements(out: Path) -> dict[str, Any]:
     }
 
 
-def analyse(
-    cfg: DictConfig,
-    profile: ClusterProfile,
-    real_config: dict[str, Any],
-    scenario: Scenario,
-    specs: list[dict[str, Any]],
-    labels: list[str],
-    m: dict[str, Any],
-) -> dict[str, Any]:
+def analyse(setup: Setup, labels: list[str], m: dict[str, Any]) -> dict[str, Any]:
     """The summary (``summary.json``) of the measurements ``m``, and the tables behind it."""
+    cfg, profile, real_config, scenario = setup.cfg, setup.profile, setup.real_config, setup.scenario
+    specs, interval = setup.specs, setup.interval
     prov = profile.meta.get("provenance", {})
     n = int(real_config["workers"])
-    interval = int(cfg.interval or prov.get("interval") or 20)
     runs_df, timelines, speed = m["runs"], m["timelines"], m["speed"]
     holdout, ladder = ladder_holdout(profile, int(cfg.holdout_every))
     intervals = interval_errors(timelines[timelines.backend == "real"], profile, scenario, n)
@@ -233,16 +235,17 @@ def fidelity(cfg: DictConfig) -> float:
     scenario = build_scenario(cfg.scenario, profile)
     ppo_path, ppo_note = resolve_ppo(cfg)
     specs = controller_specs(cfg.controllers, int(cfg.initial_batch), ppo_path)
+    setup = Setup(cfg, profile, real_config, scenario, specs, interval)
     labels = [sp["label"] for sp in specs]
     if cfg.get("reanalyse"):
         m = load_measurements(out)
         labels = [lab for lab in labels if lab in set(m["runs"]["controller"])]
     else:
-        m = measure(cfg, profile, real_config, scenario, specs, interval)
+        m = measure(setup)
         out.mkdir(parents=True, exist_ok=True)
         save_measurements(out, m)
     m |= {"ppo_path": ppo_path, "ppo_note": ppo_note}
-    a = analyse(cfg, profile, real_config, scenario, specs, labels, m)
+    a = analyse(setup, labels, m)
     write_report(cfg, out, profile, labels, m, a)
     tau = float(a["summary"]["kendall_tau"])
     log.info(

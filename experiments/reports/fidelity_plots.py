@@ -123,26 +123,12 @@ def plot_accuracy(
         sims = [g for i, (_, g) in enumerate(t[t.backend == "sim"].groupby("seed")) if i < sim_show]
         reals = [g for _, g in t[t.backend == "real"].groupby("seed")]
         for i, g in enumerate(sims):
-            ax.plot(
-                g["wall_time_s"],
-                g["val_accuracy"],
-                color="tab:blue",
-                lw=1.0,
-                alpha=0.7,
-                label="simulated" if i == 0 else None,
-            )
+            _accuracy_line(ax, g, "tab:blue", 1.0, 0.7, "simulated" if i == 0 else None)
         ends = [float(g["wall_time_s"].iloc[-1]) for g in sims]
         cut = 0
         for i, g in enumerate(reals):
             reached = bool(g["val_accuracy"].iloc[-1] >= target)
-            ax.plot(
-                g["wall_time_s"],
-                g["val_accuracy"],
-                color="tab:red",
-                lw=1.2,
-                alpha=0.8,
-                label="real" if i == 0 else None,
-            )
+            _accuracy_line(ax, g, "tab:red", 1.2, 0.8, "real" if i == 0 else None)
             if reached:
                 ends.append(float(g["wall_time_s"].iloc[-1]))
             else:
@@ -166,6 +152,10 @@ def plot_accuracy(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _accuracy_line(ax: Any, g: pd.DataFrame, color: str, lw: float, alpha: float, label: str | None) -> None:
+    ax.plot(g["wall_time_s"], g["val_accuracy"], color=color, lw=lw, alpha=alpha, label=label)
 
 
 def plot_tta(

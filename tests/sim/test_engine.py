@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -254,3 +256,13 @@ def test_faults_do_not_depend_on_the_controllers_batches(scenario):
     small = fault_log(lambda sim, rng: np.full(8, 32))
     varied = fault_log(lambda sim, rng: rng.integers(sim.min_batch, sim.max_batch + 1))
     assert small and small == varied
+
+
+def test_report_truth_is_plain_data_that_pickles_and_compares_equal():
+    sim = make("mixed")
+    r = sim.run_interval(np.full(8, 128), 5)
+    assert r.truth is not None and not any(callable(v) for v in r.truth.values())
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and back is not r and copy.deepcopy(r) is r  # deep copies share the record
+    other = sim.run_interval(np.full(8, 128), 5)
+    assert other != r

@@ -156,3 +156,17 @@ def check_action_set(action_mode: str, action_set: Sequence[float] | None) -> np
     if deltas.size < 2 or len(set(deltas.tolist())) != deltas.size:
         raise ValueError(f"action_set needs at least two distinct deltas, got {values}")
     return deltas
+
+
+def check_in_range(batches: np.ndarray, spec: BackendSpec, field: str) -> np.ndarray:
+    """``batches`` (one whole local batch per worker) as int64 if each lies in its worker's
+    [min_batch, max_batch]; else a ValueError naming ``field[i]``, the value and that range."""
+    b = np.asarray(batches).astype(np.int64)
+    bad = np.flatnonzero((b < spec.min_batch) | (b > spec.max_batch))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{field}[{i}] = {int(b[i])} is outside worker {i}'s range "
+            f"[{int(spec.min_batch[i])}, {int(spec.max_batch[i])}]"
+        )
+    return b

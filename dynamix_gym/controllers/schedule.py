@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dynamix_gym.actions import check_in_range
 from dynamix_gym.controllers.base import BaseController
 
 
@@ -84,14 +85,7 @@ class AccuracyScheduleController(BaseController):
         super().reset(spec, rng)
         self.best_accuracy = 0.0
         for i, phase in enumerate(self.phases):
-            b = self._batches(phase)
-            bad = np.flatnonzero((b < spec.min_batch) | (b > spec.max_batch))
-            if bad.size:
-                w = int(bad[0])
-                raise ValueError(
-                    f"schedule phases[{i}].batches: worker {w}'s batch {int(b[w])} is outside its range "
-                    f"[{int(spec.min_batch[w])}, {int(spec.max_batch[w])}]"
-                )
+            check_in_range(self._batches(phase), spec, f"schedule phases[{i}].batches")
 
     def initial_batches(self, spec: Any) -> np.ndarray:
         """The first phase's batches run the warm-up interval too (a schedule starts as it means to go on)."""

@@ -19,6 +19,7 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     action_space,
     apply_action,
     check_action_set,
+    check_in_range,
     step_masks,
 )
 from dynamix_gym.reward import RewardConfig, compute_reward
@@ -218,15 +219,7 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError(
                 f"reset option initial_batches must be {self.num_workers} whole numbers, got {initial!r}"
             )
-        b = b.astype(np.int64)
-        bad = np.flatnonzero((b < spec.min_batch) | (b > spec.max_batch))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"reset option initial_batches[{i}] = {int(b[i])} is outside worker {i}'s range "
-                f"[{int(spec.min_batch[i])}, {int(spec.max_batch[i])}]"
-            )
-        return b
+        return check_in_range(b, spec, "reset option initial_batches")
 
     def _start_episode(self, initial: np.ndarray | None = None):
         """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""

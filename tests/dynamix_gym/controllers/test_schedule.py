@@ -52,7 +52,7 @@ def test_uneven_split_and_a_schedule_outside_the_range_is_refused():
     assert [res.timeline[-1][f"w{i}_batch"] for i in range(n)] == list(range(16, 16 + 8 * n, 8))
     too_big = AccuracyScheduleController([{"from_accuracy": 0.0, "batches": 10**6}])
     with pytest.raises(
-        ValueError, match=r"phases\[0\].batches: worker 0's batch 1000000 is outside its range"
+        ValueError, match=r"schedule phases\[0\].batches\[0\] = 1000000 is outside worker 0.s range"
     ):
         too_big.reset(env.backend.spec)
     wrong_n = AccuracyScheduleController([{"from_accuracy": 0.0, "batches": [16, 32, 48]}])

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow demo lint bench clean
+.PHONY: setup test test-unit test-slow demo lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ setup: $(STAMP)
 # Two processes (pytest-xdist; a file's tests stay together): CI's machine has two cores.
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow and not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# The same without the integration tests (subprocesses, DDP workers): a quick check.
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not slow and not gpu and not integration" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)

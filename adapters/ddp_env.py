@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
+import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from adapters.ddp_backend import DDPBackend
@@ -24,6 +28,29 @@ ENV_KWARGS = (
     "obs_schema",
 )
 
+#: What to do when the workers cannot start because the main module builds the env unguarded.
+MAIN_GUARD_HINT = (
+    "dynamix/RealDDP-v0 starts its DDP workers with the 'spawn' method, and a spawned process "
+    're-imports the main module: build the env (and run it) under `if __name__ == "__main__":` '
+    "in {where}, or the workers re-run it and die while starting (exit code 1)"
+)
+_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", re.MULTILINE)
+
+
+def check_main_guard() -> None:
+    """Fail early, with what to do, where :class:`DDPBackend`'s spawned workers would die.
+
+    In a worker that is importing the main module (spawn's bootstrap), building the env again is
+    the unguarded script re-running: say so there (its stderr is the user's). In the parent, a
+    main script with no ``if __name__ == "__main__":`` at all will have its workers do just that.
+    """
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(MAIN_GUARD_HINT.format(where="the main module"))
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path and Path(path).suffix == ".py" and Path(path).is_file():
+        if not _GUARD.search(Path(path).read_text(errors="replace")):
+            raise RuntimeError(MAIN_GUARD_HINT.format(where=path))
+
 
 def make_real_ddp_env(
     *, cluster: str | ClusterSpec | None = None, workload: Any = None, **kwargs: Any
@@ -42,6 +69,7 @@ def make_real_ddp_env(
             :class:`adapters.config.RealDDPConfig` fields. ``time_budget_s`` sets both the
             backend's budget and the env's truncation.
     """
+    check_main_guard()
     env_kwargs = {k: kwargs.pop(k) for k in ENV_KWARGS if k in kwargs}
     if env_kwargs.get("time_budget_s") is not None:
         kwargs.setdefault("time_budget_s", float(env_kwargs["time_budget_s"]))

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import ROOT
 
 from dynamix_gym.evaluation import SUMMARY_COLUMNS
 
-ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def _run(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_deploy_app_runs_a_baseline_on_real_ddp_and_writes_the_evaluation_summar
     row = rows[0]
     assert list(row)[: len(SUMMARY_COLUMNS)] == list(SUMMARY_COLUMNS)
     assert row["controller"] == "dlb" and row["backend"] == "real"
-    assert row["decisions"] == "3" and row["workers"] == "2" and row["workload"] == "cnn/digits"
+    assert row["decisions"] == "3" and row["workers"] == "2" and row["workload"] == "cnn/mnist"
     assert float(row["total_time_s"]) > 0 and 0 < float(row["final_accuracy"]) <= 1
     with open(tmp_path / "timeline.csv") as fh:
         timeline = list(csv.DictReader(fh))

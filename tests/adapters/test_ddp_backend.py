@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import time
@@ -13,9 +15,11 @@ import psutil
 import pytest
 import torch
 import torch.nn.functional as F
+from support import ROOT, run_python
 
 from adapters.data import load_dataset
 from adapters.ddp_backend import DDPBackend, WorkerFailure
+from adapters.ddp_env import make_real_ddp_env
 from adapters.faults import FaultEmulator
 from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, rank_slice
@@ -24,17 +28,14 @@ from dynamix_gym.schema import OBS_SCHEMA
 from sim.faults import Scenario
 from sim.scaling import lr_gain
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WORKER_FEATURES = [f.name for f in OBS_SCHEMA.worker_features]
 
 
 @pytest.fixture(scope="module")
-def backend():
-    """One 2-rank backend shared by this module's tests (starting ranks is the slow part).
-
-    Tests that kill its workers leave it failed; the next ``reset`` starts new ones.
-    """
+def shared_backend():
+    """One 2-rank backend shared by this module's tests (starting ranks is the slow part)."""
     b = DDPBackend(
         workers=2,
         min_batch=4,
@@ -47,6 +48,20 @@ def backend():
     )
     yield b
     b.close()
+
+
+@pytest.fixture
+def backend(shared_backend):
+    """The shared backend as the module built it, whatever ran before (so that no test depends on
+    the order): the settings tests change are put back after each one, and every test starts with
+    a ``reset``, which starts new workers where a test killed the last ones."""
+    b = shared_backend
+    config, faults = b.config, b.faults
+    yield b
+    b.config, b.faults = config, faults
+    b.extra_state.clear()
+    if not all(alive(pid) for pid in b.worker_pids):
+        b.close()  # workers killed behind its back: stop the rest, so that the next reset starts new ones
 
 
 class Borrowed:
@@ -64,6 +79,13 @@ class Borrowed:
 
     def close(self):
         pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def gone(pids: list[int]) -> bool:
@@ -163,8 +185,15 @@ def test_injected_slowdown_is_visible_in_reports_and_observations(backend):
     finally:
         backend.faults = saved
     r = info["report"]
-    ratio = r.compute_time_s[1] / r.compute_time_s[0]
-    assert 2.5 < ratio < 6.0, r.compute_time_s
+    # Rank 1 computes 4x as long as its own measured compute (it sleeps 3x the time to its last
+    # gradient bucket; the optimiser step is not slowed), whatever the machine's load does to the
+    # two ranks' native speeds: compared with its own native time, not with rank 0's.
+    replies = backend.last_replies
+    assert np.sum(replies[0]["injected_s"]) == 0.0
+    compute_1, injected_1 = np.mean(replies[1]["compute_s"]), np.mean(replies[1]["injected_s"])
+    assert r.compute_time_s[1] == pytest.approx(compute_1, rel=1e-9)  # the report's per-iteration mean
+    assert 3.0 < compute_1 / (compute_1 - injected_1) <= 4.0 + 1e-9, (compute_1, injected_1)
+    assert r.compute_time_s[1] > r.compute_time_s[0]
     assert r.idle_time_s[0] > 0.5 * (r.compute_time_s[1] - r.compute_time_s[0])
     assert r.idle_time_s[1] < r.idle_time_s[0]
     w = obs[: 2 * len(WORKER_FEATURES)].reshape(2, -1)
@@ -176,13 +205,19 @@ def test_injected_slowdown_is_visible_in_reports_and_observations(backend):
 def test_killed_worker_raises_a_clear_error_and_leaves_no_orphans(backend):
     backend.reset(seed=0)
     pids = backend.worker_pids
-    threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGKILL)).start()
-    t0 = time.monotonic()
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    threading.Timer(1.0, kill).start()
     with pytest.raises(WorkerFailure, match=r"rank 1 .*killed by SIGKILL") as err:
         for _ in range(200):  # ~0.1 s per interval: the kill lands mid-interval
             backend.run_interval(np.array([32, 32]), 20)
     assert err.value.rank == 1
-    assert time.monotonic() - t0 < 1.0 + 5.0
+    # Named within seconds of the kill itself (however late a loaded machine ran the timer).
+    assert killed_at and time.monotonic() - killed_at[0] < 5.0
     assert gone(pids)
     backend.close()  # safe after a failure
 
@@ -204,7 +239,11 @@ def test_hung_worker_is_named_within_the_collective_timeout(backend):
                 pass
     elapsed = time.monotonic() - t0
     assert err.value.rank == 1
-    assert elapsed <= backend.config.timeout_s + 1.0, elapsed
+    # Named within the collective timeout: the wait the message reports (the time to reap the
+    # processes afterwards, which a loaded machine stretches, has the looser bound below).
+    waited = float(re.search(r"waited ([0-9.]+) s", str(err.value)).group(1))
+    assert waited <= backend.config.timeout_s + 1.0, str(err.value)
+    assert elapsed <= backend.config.timeout_s + 10.0, elapsed
     assert gone(pids)
 
 
@@ -237,3 +276,30 @@ def test_resume_from_checkpoint_continues_the_same_run(backend, tmp_path):
         assert report.epoch == pytest.approx((2 * 6 * 40 + 6 * 48) / b_.train_size)
     finally:
         b_.close()
+
+
+NO_GUARD = """
+import gymnasium as gym
+import dynamix_gym  # noqa: F401
+env = gym.make("dynamix/RealDDP-v0", workers=2)
+env.reset(seed=0)
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """Spawned workers re-import the main module: a script that builds the env at top level would
+    have them die while starting (``exit code 1``); the error says what to do instead."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_GUARD)
+    proc = run_python([script], timeout=120, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0
+    assert 'if __name__ == "__main__":' in proc.stderr and str(script) in proc.stderr, proc.stderr[-2000:]
+    assert "died" not in proc.stderr  # refused before any worker started
+
+
+def test_building_the_env_in_a_worker_that_imports_the_main_module_names_the_guard(monkeypatch):
+    """Where the guard is there but the env is built above it, each spawned worker re-runs that
+    code while importing the main module: there (its stderr is the user's) it says so too."""
+    monkeypatch.setattr(mp.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match=r'if __name__ == "__main__":'):
+        make_real_ddp_env(workers=2)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from support import ROOT
 
 from adapters.gpu_ladder import calibrate_table, ddp_factory, ladder_table, run_group, write_table
 from adapters.gpu_race import CONTROLLERS, INITIAL_BATCH, race_profile, race_scenario, t4_speed
@@ -26,7 +27,6 @@ from sim.faults import Scenario
 from sim.fitting.table import REQUIRED_COLUMNS, read_profile_table
 from sim.profile import load_profile
 
-ROOT = Path(__file__).resolve().parents[2]
 QUIET = Scenario(name="quiet", compute_noise_cv=0.0, measurement_noise_cv=0.0)
 LADDER = {1: [8, 16, 32, 64], 2: [8, 16, 32]}
 
@@ -182,6 +182,7 @@ def test_table_mode_profile_feeds_the_race_profile_and_the_simulator(tmp_path):
     assert pd.DataFrame([{k: v for k, v in r.items() if k != "timeline"} for r in runs])["reached"].any()
 
 
+@pytest.mark.integration
 def test_run_group_kills_a_part_and_everything_it_started_at_its_timeout(tmp_path):
     """A part past its budget goes with its whole process group: no rank is left behind."""
     script = (

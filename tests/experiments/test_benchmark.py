@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
+from support import ROOT, run_app
 
 import dynamix_gym  # noqa: F401
 from dynamix_gym.controllers.hindsight import HindsightController, ScheduleController, make_candidate
@@ -21,7 +19,6 @@ from dynamix_gym.controllers.registry import CONTROLLERS, make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.benchmark import check_suite, split_tasks, task_specs
 
-ROOT = Path(__file__).resolve().parents[2]
 V1 = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "benchmark" / "v1.yaml"))
 #: A search small enough for a unit test, still with every candidate family.
 QUICK = dict(budget=20_000, cem_iterations=2, cem_population=4, cem_elites=2)
@@ -171,12 +168,12 @@ def test_hindsight_needs_truth_and_a_prepare():
 
 # --- the app end to end ---------------------------------------------------------------------------
 def _bench(tmp_path: Path, *overrides: str) -> None:
-    cmd = [sys.executable, "-m", "experiments.benchmark", "split=tiny", f"out_root={tmp_path / 'bench'}"]
-    cmd += [f"hydra.run.dir={tmp_path / 'outputs'}", "hydra.launcher.n_jobs=1", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    args = ["split=tiny", f"out_root={tmp_path / 'bench'}", f"hydra.run.dir={tmp_path / 'outputs'}"]
+    proc = run_app("experiments.benchmark", *args, "hydra.launcher.n_jobs=1", *overrides, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # the tiny split also runs end to end, through submitit, in tests/experiments/test_launchers.py
 def test_benchmark_tiny_split_end_to_end(tmp_path):
     quick = [f"controller.{k}={v}" for k, v in QUICK.items()] + [f"controller.cache_dir={tmp_path / 'plans'}"]

@@ -7,18 +7,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from support import ROOT
 
 from sim.engine import Simulator
 from sim.fitting.table import read_profile_table
 from sim.profile import load_profile
 
-ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def test_calibrate_profiles_two_cpu_ranks_into_a_profile_the_simulator_runs(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,6 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from scipy import stats
+from support import ROOT, run_app
 
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.evaluation import SUMMARY_COLUMNS
@@ -26,7 +27,6 @@ from sim.faults import SCENARIOS, FaultWindow
 from sim.specs_io import scenario_to_dict, workload_to_dict
 from sim.workloads import WORKLOADS
 
-ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 #: The config groups of conf/evaluate.yaml.
 GROUPS = ("controller", "cluster", "workload", "scenario", "reward", "backend", "experiment")
@@ -95,20 +95,21 @@ def options(group: str) -> list[str]:
 
 
 def run_module(module: str, *args: str, user_dir: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), str(ROOT)])}
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    """``python -m module args`` with ``user_dir`` on the path (a user's own controller module)."""
+    proc = run_app(
+        module, *args, timeout=timeout, env={"PYTHONPATH": os.pathsep.join([str(user_dir), str(ROOT)])}
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 # --- configs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [-1, 0, float("nan"), float("inf")])
+def test_a_time_budget_out_of_range_is_refused_naming_the_field(budget):
+    with pytest.raises(ValueError, match=r"time_budget_s must be a number of seconds in \(0, inf\)"):
+        gym.make("dynamix/HeteroCluster-v0", time_budget_s=budget)
+
+
 def test_shipped_groups_cover_the_presets():
     assert options("scenario") == sorted(SCENARIOS)
     assert options("workload") == sorted(WORKLOADS)
@@ -215,6 +216,7 @@ def test_controller_label_tells_static_batches_apart():
     assert controller_label(Named()) == "dlb"
 
 
+@pytest.mark.integration
 def test_evaluate_cli_with_a_user_config_dir_scenario(user_dir, tmp_path):
     """A scenario that lives in the user's --config-dir, not in the package, end to end."""
     run = tmp_path / "run"
@@ -251,6 +253,7 @@ def test_evaluate_cli_with_a_user_config_dir_scenario(user_dir, tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_parallel_sweep_lands_in_one_dir_and_aggregates(user_dir, tmp_path):
     sweep = tmp_path / "sweep"
     run_module(
@@ -385,6 +388,7 @@ def test_load_runs_counts_a_repeated_run_once(tmp_path):
         load_runs(tmp_path / "job0" / "nothing")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_real_ddp_backend_is_one_more_yaml(user_dir, tmp_path):
     """The env-factory contract holds for dynamix/RealDDP-v0: a backend yaml in a user config dir
@@ -415,25 +419,18 @@ def test_a_real_ddp_backend_is_one_more_yaml(user_dir, tmp_path):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_every_experiment_runs_as_a_sweep(tmp_path):
     """lightning-hydra-template's test_sweeps: `-m experiment=glob(*)` with a tiny budget (less the
     experiments of other entry points)."""
     others = sorted({p.stem for p in (CONF / "experiment").glob("*.yaml")} - set(options("experiment")))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.evaluate",
-            "-m",
-            f"experiment=glob(*,exclude=[{','.join(others)}])" if others else "experiment=glob(*)",
-            "env.max_decisions=2",
-            f"hydra.sweep.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_app(
+        "experiments.evaluate",
+        "-m",
+        f"experiment=glob(*,exclude=[{','.join(others)}])" if others else "experiment=glob(*)",
+        "env.max_decisions=2",
+        f"hydra.sweep.dir={tmp_path}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list(tmp_path.glob("*/summary.csv"))) == len(options("experiment"))

@@ -4,21 +4,16 @@ real backend and in the calibrated simulator, write the report; then rebuild it 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from support import run_app
 
-ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", module, "progress=false", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=500, env=env)
+    return run_app(module, "progress=false", *args, timeout=500)
 
 
 def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):

@@ -3,11 +3,7 @@ a real two-run grid goes through submitit's local executor (the code path a SLUR
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +11,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from support import ROOT, run_python
 
-ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 #: Every primary config: one per ``python -m experiments.<app>``.
 APPS = sorted(p.stem for p in CONF.glob("*.yaml"))
@@ -38,26 +34,6 @@ def documented_launchers() -> list[str]:
     for doc in (CONF / "README.md", ROOT / "README.md"):
         names |= set(re.findall(r"hydra/launcher=(\w+)", doc.read_text()))
     return sorted(names)
-
-
-def run_grouped(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """``python args`` in the repo root, in its own process group: on timeout the whole group goes
-    (submitit's local job controllers are meant to outlive their parent)."""
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{args} ran past {timeout} s:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def test_the_docs_name_every_required_launcher():
@@ -125,10 +101,11 @@ def test_every_preset_composes_with_its_app(preset, app):
     assert cfg.hydra.runtime.choices.experiment == preset
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("launcher", sorted(REQUIRED))
 def test_cfg_hydra_prints_the_chosen_launcher(launcher):
     """The issue's command line itself: ``--cfg hydra`` prints the config it would launch with."""
-    proc = run_grouped(
+    proc = run_python(
         ["-m", "experiments.evaluate", f"hydra/launcher={launcher}", "--cfg", "hydra"], timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,7 +114,7 @@ def test_cfg_hydra_prints_the_chosen_launcher(launcher):
 
 def submitit_grid(module: str, sweep: Path, *overrides: str, timeout: float = 300) -> list[Path]:
     """A two-run grid of ``module`` through ``hydra/launcher=submitit_local``; the run dirs."""
-    proc = run_grouped(
+    proc = run_python(
         ["-m", module, "-m", "hydra/launcher=submitit_local", *overrides, f"hydra.sweep.dir={sweep}"],
         timeout=timeout,
     )
@@ -147,6 +124,7 @@ def submitit_grid(module: str, sweep: Path, *overrides: str, timeout: float = 30
     return sorted(p.parent for p in sweep.glob("*/.hydra"))
 
 
+@pytest.mark.integration
 def test_evaluate_grid_through_submitit_local(tmp_path):
     runs = submitit_grid("experiments.evaluate", tmp_path / "sweep", "seed=0,1", "env.max_decisions=2")
     assert len(runs) == 2
@@ -156,11 +134,12 @@ def test_evaluate_grid_through_submitit_local(tmp_path):
     assert (rows["backend"] == "sim").all()
 
 
+@pytest.mark.integration
 def test_benchmark_grid_through_submitit_local(tmp_path):
     """experiments.benchmark forwards the launcher to the multirun it starts: the tiny split's two
     tasks run as two submitit jobs, then the plain run scores them."""
     root = tmp_path / "bench"
-    proc = run_grouped(
+    proc = run_python(
         [
             "-m",
             "experiments.benchmark",

@@ -4,16 +4,15 @@ committed fidelity profile, features ranked by their difference."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from support import ROOT
 
 from dynamix_gym import OBS_SCHEMA
 from experiments.obs_gap import run
 
-ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_obs_gap_compares_every_feature_of_real_and_simulated_episodes(tmp_path):

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from support import ROOT, run_app
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "total_timesteps=300",
     "cluster_sizes=[2]",
@@ -27,15 +25,10 @@ TINY = [
 
 
 def run_train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_app("experiments.train", *args, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_optuna_sweep_survives_a_failing_trial(tmp_path):
     proc = run_train(
         "-m",
@@ -52,6 +45,7 @@ def test_optuna_sweep_survives_a_failing_trial(tmp_path):
     assert result["best_value"] > 0
 
 
+@pytest.mark.integration
 def test_train_entry_point_writes_bundles(tmp_path):
     proc = run_train(*TINY, f"run_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,6 +55,7 @@ def test_train_entry_point_writes_bundles(tmp_path):
     assert (tmp_path / "train_summary.json").is_file()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_every_train_experiment_preset_runs(tmp_path):
     """lightning-hydra-template's test_sweeps: every preset composes and trains briefly."""

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from support import ROOT
 
 from sim.cluster import homogeneous_cluster
 from sim.engine import Simulator
 from sim.hardware import compute_table
 from sim.workloads import DEFAULT_MIN_LOCAL_BATCH, WORKLOADS, get_workload
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bert_preset_runs_with_the_defaults():
@@ -44,6 +42,7 @@ def test_a_minimum_above_a_cap_names_the_allowed_range():
         Simulator("t4v100", "bert", min_batch=16)
 
 
+@pytest.mark.integration
 def test_evaluate_app_runs_workload_bert_with_its_defaults(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "workload=bert", "env.max_decisions=2",

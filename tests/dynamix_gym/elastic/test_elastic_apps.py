@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from support import run_python
 
-ROOT = Path(__file__).resolve().parents[3]
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=170, env=env
-    )
+    return run_python(["-m", *args], timeout=170)
 
 
 def test_the_elastic_table_app_writes_its_table_and_plot(tmp_path):

@@ -88,6 +88,7 @@ def test_a_failed_restart_leaves_the_last_complete_checkpoint_and_no_staging_fol
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.integration
 def test_one_two_one_ranks_end_at_the_accuracy_of_an_unchanged_run(tmp_path):
     schedule = [1, 1, 1, 2, 2, 2, 1, 1, 1]
     kw = {"global_batch": 64, "iterations": 20}

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "adapters" / "examples" / "torchrun_elastic.py"
 CHECKPOINT_EVERY = 20
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 def _free_port() -> int:

@@ -8,13 +8,13 @@ import dataclasses
 import json
 import math
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from support import HEADLINE_BUNDLE
 from test_encoding_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
@@ -35,7 +35,6 @@ from sim.protocol import IntervalReport
 
 W_FEATURES, G_FEATURES = OBS_SCHEMA_V2.worker_features, OBS_SCHEMA_V2.global_features
 MSS = 1448
-HEADLINE_BUNDLE = Path(__file__).resolve().parents[3] / "results" / "headline" / "policy"
 
 
 class ReferenceV2:

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import HEADLINE_BUNDLE as BUNDLE
 
 from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 
-BUNDLE = Path(__file__).resolve().parents[3] / "results" / "headline" / "policy"
 TOKEN = "test-token-0123456789abcdef"
 
 

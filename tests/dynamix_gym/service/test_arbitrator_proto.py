@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 from grpc_tools import protoc
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 PKG = "dynamix_gym/service"
 #: Lines that name the generator's version: a newer grpcio-tools may write other numbers.
 VERSIONS = [

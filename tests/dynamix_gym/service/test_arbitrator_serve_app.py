@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import TOKEN
 from hydra import compose, initialize_config_dir
+from support import ROOT
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.service.client import ArbitratorClient
@@ -17,8 +17,6 @@ from dynamix_gym.service.server import ArbitratorService, PolicyStore, build_ser
 from dynamix_gym.service.translog import read_log
 from experiments.bench_serve import ServiceProcess
 from experiments.serve import make_validator, serve
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cfg(*overrides: str):
@@ -61,6 +59,7 @@ def test_validation_never_uses_the_test_split_or_its_seeds():
 
 
 @pytest.mark.slow  # two service start-ups
+@pytest.mark.integration
 def test_service_killed_mid_run_restarts_and_the_job_trains_on(tmp_path):
     svc = ServiceProcess("results/headline/policy", tmp_path, TOKEN)
     svc.start()
@@ -110,6 +109,7 @@ def test_bundles_the_service_cannot_drive_are_refused(bundle):
         PolicyStore({"s": scale})
 
 
+@pytest.mark.integration
 def test_serve_with_learning_starts_listens_and_stops_by_itself(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNAMIX_ARBITRATOR_TOKEN", TOKEN)
     stats = serve(_cfg("learn=true", "port=0", "max_runtime_s=1.0", f"log_dir={tmp_path}"), out_dir=tmp_path)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from conftest import TOKEN
+from support import ROOT
 
 from dynamix_gym.service.translog import read_log
 
 JOB = Path(__file__).with_name("ddp_job.py")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _torchrun(address: str, out: Path) -> dict:
@@ -27,6 +27,7 @@ def _torchrun(address: str, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # two torchrun launches: about a minute on two cores
 def test_drop_in_controller_uses_the_service_and_survives_its_absence(running, tmp_path):
     served = _torchrun(running.address, tmp_path / "served.json")
@@ -43,6 +44,7 @@ def test_drop_in_controller_uses_the_service_and_survives_its_absence(running, t
     running.start()  # the fixture stops it again
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # real DDP ranks spawned by the deploy app
 def test_deploy_app_on_the_real_backend_asks_the_service(running, tmp_path):
     env = {**os.environ, "DYNAMIX_ARBITRATOR_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}

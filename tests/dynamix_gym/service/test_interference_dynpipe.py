@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from support import ROOT
 
 from dynamix_gym.controllers.dynpipe_dp import DynPipeDPController
 from dynamix_gym.controllers.interference import (
@@ -20,8 +20,6 @@ from dynamix_gym.controllers.interference import (
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.faults import get_scenario, scale_intensity
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_forest_separates_slowed_from_unslowed_workers_on_a_fresh_run():

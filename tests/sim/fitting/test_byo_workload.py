@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from byo_data import write_inputs
 from hydra import compose, initialize_config_dir
+from support import ROOT
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from experiments.calibrate import calibrate
@@ -24,7 +24,6 @@ from sim.profile import load_profile
 from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS
 
-ROOT = Path(__file__).resolve().parents[3]
 TARGET_WER = 15.0
 
 
@@ -43,6 +42,7 @@ def byo(tmp_path_factory):
     return inputs, out
 
 
+@pytest.mark.integration
 def test_profile_holds_the_workload_and_all_three_fits(byo):
     _, out = byo
     prof = load_profile(out)
@@ -57,6 +57,7 @@ def test_profile_holds_the_workload_and_all_three_fits(byo):
     assert 0.88 < conv.acc_ceiling < 0.92  # generated: 1 - WER at the smallest batch tends to 0.90
 
 
+@pytest.mark.integration
 def test_fit_report_gives_the_shipped_figures(byo):
     _, out = byo
     figures = json.loads((out / "calibration.json").read_text())["figures"]
@@ -73,6 +74,7 @@ def test_fit_report_gives_the_shipped_figures(byo):
     assert "| target wer |" in md
 
 
+@pytest.mark.integration
 def test_a_short_episode_reaches_the_falling_target(byo):
     _, out = byo
     env = HeteroClusterEnv(profile=out, action_mode="absolute", interval=50, reward="time")
@@ -90,6 +92,7 @@ def test_a_short_episode_reaches_the_falling_target(byo):
     env.close()
 
 
+@pytest.mark.integration
 def test_reward_and_observation_see_a_falling_wer_as_rising_quality(byo):
     _, out = byo
     env = HeteroClusterEnv(profile=out, action_mode="absolute", interval=50, reward="dynamix")
@@ -112,6 +115,7 @@ def test_reward_and_observation_see_a_falling_wer_as_rising_quality(byo):
     env.close()
 
 
+@pytest.mark.integration
 def test_evaluate_tables_show_the_metric_in_its_units(byo, tmp_path):
     _, out = byo
     from experiments.evaluate import record_run
@@ -133,6 +137,7 @@ def test_evaluate_tables_show_the_metric_in_its_units(byo, tmp_path):
     env.close()
 
 
+@pytest.mark.integration
 def test_simulator_defaults_come_from_the_profile(byo):
     _, out = byo
     sim = Simulator(profile=out)
@@ -244,6 +249,7 @@ def test_without_traces_a_new_workload_must_name_a_shipped_convergence_model(tmp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_evaluate_app_runs_a_byo_profile_with_its_metric(byo, tmp_path):
     """python -m experiments.evaluate profile=<dir>: the profile's cluster, workload and fits."""
     _, out = byo

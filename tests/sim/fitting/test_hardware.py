@@ -457,6 +457,7 @@ def test_unknown_gpu_error_names_the_known_types() -> None:
         compute_params("NOPE", "cifar10")
 
 
+@pytest.mark.integration
 def test_entry_point_writes_deterministic_loadable_files(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     table = _synthetic_table(TRUE_COMPUTE[0], TRUE_COMM, rng)

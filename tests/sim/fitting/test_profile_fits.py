@@ -4,16 +4,15 @@ refused with a message naming column, row and range, and a profile plugs into th
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from support import run_app
 
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
@@ -32,8 +31,6 @@ from sim.hardware import ComputeParams
 from sim.network import CommParams
 from sim.profile import ClusterProfile, load_profile, write_profile
 from sim.workloads import Workload
-
-ROOT = Path(__file__).resolve().parents[3]
 
 TRUE_COMPUTE = ComputeParams(
     gpu="cpu-test", app="toy", alpha_s=0.0005, beta_s=6e-5, exponent=1.0, host_s=0.004, k=8.0, max_batch=512
@@ -236,11 +233,10 @@ def test_profile_errors_name_what_is_missing(tmp_path):
 
 
 def _calibrate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "experiments.calibrate", "progress=false", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_app("experiments.calibrate", "progress=false", *args, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_calibrate_fits_a_table_in_the_reference_format_into_a_loadable_profile(tmp_path):
     csv = tmp_path / "toy.csv"
     synthetic_table().to_csv(csv, index=False)
@@ -260,6 +256,7 @@ def test_calibrate_fits_a_table_in_the_reference_format_into_a_loadable_profile(
     assert sim.run_interval(np.full(4, 64), 5).iteration_time_s[0] > 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -1,0 +1,64 @@
+"""What test modules share besides fixtures (those are in tests/conftest.py): the repository root
+and running an entry point as a user runs it. Importable as ``support`` (pyproject.toml puts tests/
+on pytest's pythonpath):
+
+    from support import ROOT, run_app
+    proc = run_app("experiments.evaluate", "controller=dlb", f"hydra.run.dir={tmp_path}")
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+#: The pretrained PPO bundle of results/headline (shipped in the repository).
+HEADLINE_BUNDLE = ROOT / "results" / "headline" / "policy"
+
+
+def run_python(
+    args: Sequence[str],
+    *,
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path = ROOT,
+) -> subprocess.CompletedProcess:
+    """``python args`` (this interpreter) in ``cwd``, output captured as text, unbuffered, with
+    ``env`` added to this process's environment. It runs in its own process group: on timeout the
+    whole group is killed (worker processes included) and the test fails with the end of stderr."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, *map(str, args)]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[1:])} ran past {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_app(
+    module: str,
+    *args: str,
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path = ROOT,
+) -> subprocess.CompletedProcess:
+    """``python -m module args`` (an entry point with its Hydra overrides): see :func:`run_python`."""
+    return run_python(["-m", module, *args], timeout=timeout, env=env, cwd=cwd)

@@ -128,10 +128,23 @@ def data_caveats(
     table: pd.DataFrame, pairs: list[dict[str, Any]], host_floor_pairs: list[tuple[str, str]]
 ) -> list[str]:
     """Caveats of the measured table that bear on the fit, each a sentence with figures from it."""
-    out: list[str] = []
     by_pair = {(r["gpu"], r["app"]): r for r in pairs}
+    return (
+        _host_floor_caveats(table, by_pair, host_floor_pairs)
+        + _jump_caveats(table)
+        + _inter_node_caveats(table, pairs)
+        + _copied_caveats(pairs)
+        + _non_monotonic_caveats(table, pairs)
+    )
 
-    # 1. A per-step host floor, and where the multi-GPU rows book it.
+
+def _host_floor_caveats(
+    table: pd.DataFrame,
+    by_pair: dict[tuple[str, str], dict[str, Any]],
+    host_floor_pairs: list[tuple[str, str]],
+) -> list[str]:
+    """A per-step host floor, and where the multi-GPU rows book it."""
+    out: list[str] = []
     for gpu, app in host_floor_pairs:
         r = by_pair.get((gpu, app))
         one = _one_gpu(table, gpu, app)
@@ -143,17 +156,7 @@ def data_caveats(
             o = _one_gpu(table, other, app)
             if b0 in o.index:
                 others.append(f"{other} {o.loc[b0]:.4f} s")
-        slower = ""
-        if "T4" in set(table["gpu"]) and gpu != "T4":
-            t4 = _one_gpu(table, "T4", app)
-            common = one.index.intersection(t4.index)
-            if len(common):
-                slow = [int(b) for b in common if one.loc[b] > t4.loc[b]]
-                if slow:
-                    slower = (
-                        f"; slower than T4 at {len(slow)} of {len(common)} common batches "
-                        f"({min(slow)} to {max(slow)})"
-                    )
+        slower = _slower_than_t4(table, gpu, app, one)
         sc, c, m = r["single_gpu_check"], r["compute"], r.get("comm") or {}
         held = " (alpha_s held at 0)" if r["alpha_held_zero"] else ""
         comm = (
@@ -169,8 +172,23 @@ def data_caveats(
             f"(median {sc['median_ratio']:.2f}): the floor is counted in sync_time_s there, so it is "
             f"fitted from the one-GPU rows as host_s = {c['host_s']:.4f} s{held}{comm}."
         )
+    return out
 
-    # 2. Regime changes between two batches seen in the multi-GPU rows only.
+
+def _slower_than_t4(table: pd.DataFrame, gpu: str, app: str, one: pd.Series) -> str:
+    if "T4" not in set(table["gpu"]) or gpu == "T4":
+        return ""
+    t4 = _one_gpu(table, "T4", app)
+    common = one.index.intersection(t4.index)
+    slow = [int(b) for b in common if one.loc[b] > t4.loc[b]]
+    if not len(common) or not slow:
+        return ""
+    return f"; slower than T4 at {len(slow)} of {len(common)} common batches ({min(slow)} to {max(slow)})"
+
+
+def _jump_caveats(table: pd.DataFrame) -> list[str]:
+    """Regime changes between two batches seen in the multi-GPU rows only."""
+    out: list[str] = []
     for gpu, app, b1, b2 in KNOWN_JUMPS:
         p = table[(table["gpu"] == gpu) & (table["app"] == app)]
         if p.empty or "placement" not in p:
@@ -194,8 +212,12 @@ def data_caveats(
             f"x{JUMP_FACTOR:g}" + (f" ({examples})" if examples else "") + ". The compute model, fitted "
             "to the one-GPU steps, does not see it; the comm model averages over it."
         )
+    return out
 
-    # 3. Inter-node start-up cost larger than a whole one-GPU step.
+
+def _inter_node_caveats(table: pd.DataFrame, pairs: list[dict[str, Any]]) -> list[str]:
+    """Inter-node start-up cost larger than a whole one-GPU step."""
+    out: list[str] = []
     for r in pairs:
         m = r.get("comm")
         one = _one_gpu(table, r["gpu"], r["app"])
@@ -218,13 +240,21 @@ def data_caveats(
             f"({one.max():.3f} s){measured}: the measured multi-node steps are that slow, it is not "
             "a fit artefact."
         )
+    return out
 
-    # 4. Parameters copied for lack of rows.
+
+def _copied_caveats(pairs: list[dict[str, Any]]) -> list[str]:
+    """Parameters copied for lack of rows."""
+    out: list[str] = []
     for r in pairs:
         for note in r["comm_notes"]:
             out.append(f"Copied parameters, {r['gpu']}/{r['app']}: {note} (the data has no such rows).")
+    return out
 
-    # 5. One-GPU step times that fall as the batch grows.
+
+def _non_monotonic_caveats(table: pd.DataFrame, pairs: list[dict[str, Any]]) -> list[str]:
+    """One-GPU step times that fall as the batch grows."""
+    out: list[str] = []
     for r in pairs:
         one = _one_gpu(table, r["gpu"], r["app"])
         drops = [
@@ -362,6 +392,44 @@ def _check(pairs: list[dict[str, Any]]) -> tuple[list[str], ...]:
     return intro, table(header, rows, align="llrrrrl"), verdict
 
 
+def pair_entry(p: ComputeParams, d: dict[str, Any], comm: CommParams | None) -> dict[str, Any]:
+    """One (gpu, app) row of the report summary: fit quality, the single-GPU check, the parameters."""
+    sc = d["single_gpu_check"]
+    return {
+        "gpu": p.gpu,
+        "app": p.app,
+        "compute_source": d["compute_source"],
+        "compute_fallback": d["compute_fallback"],
+        "alpha_held_zero": d["alpha_held_zero"],
+        "n_batches": d["n_batches"],
+        "exponent_mode": d["exponent_mode"],
+        "loo_mdape": p.loo_mdape,
+        "fit_mape": p.fit_mape,
+        "comm_fit_mape": comm.fit_mape if comm else None,
+        "comm_exposed_mape": d["comm"]["exposed_mape"] if comm else None,
+        "comm_exposed_mdape": d["comm"]["exposed_mdape"] if comm else None,
+        "comm_notes": list(d["comm"]["notes"]) if comm else [],
+        "single_gpu_check": sc,
+        "single_gpu_flagged": single_gpu_flagged(sc),
+        "single_gpu_step_mape": d["single_gpu_step_mape"],
+        "compute": {k: getattr(p, k) for k in ("alpha_s", "beta_s", "exponent", "host_s", "k", "max_batch")},
+        "comm": (
+            {
+                k: getattr(comm, k)
+                for k in (
+                    "alpha_intra_s",
+                    "beta_intra_s",
+                    "alpha_inter_s",
+                    "beta_inter_s",
+                    "gamma",
+                )
+            }
+            if comm
+            else None
+        ),
+    }
+
+
 def fit_hardware(
     table_path: Path,
     out_dir: Path,
@@ -397,48 +465,7 @@ def fit_hardware(
         "models": [comm_entry(c, diagnostics[(c.gpu, c.app)]) for c in comms],
     }
 
-    pairs = []
-    for p in computes:
-        d = diagnostics[(p.gpu, p.app)]
-        comm = comm_by_pair.get((p.gpu, p.app))
-        sc = d["single_gpu_check"]
-        pairs.append(
-            {
-                "gpu": p.gpu,
-                "app": p.app,
-                "compute_source": d["compute_source"],
-                "compute_fallback": d["compute_fallback"],
-                "alpha_held_zero": d["alpha_held_zero"],
-                "n_batches": d["n_batches"],
-                "exponent_mode": d["exponent_mode"],
-                "loo_mdape": p.loo_mdape,
-                "fit_mape": p.fit_mape,
-                "comm_fit_mape": comm.fit_mape if comm else None,
-                "comm_exposed_mape": d["comm"]["exposed_mape"] if comm else None,
-                "comm_exposed_mdape": d["comm"]["exposed_mdape"] if comm else None,
-                "comm_notes": list(d["comm"]["notes"]) if comm else [],
-                "single_gpu_check": sc,
-                "single_gpu_flagged": single_gpu_flagged(sc),
-                "single_gpu_step_mape": d["single_gpu_step_mape"],
-                "compute": {
-                    k: getattr(p, k) for k in ("alpha_s", "beta_s", "exponent", "host_s", "k", "max_batch")
-                },
-                "comm": (
-                    {
-                        k: getattr(comm, k)
-                        for k in (
-                            "alpha_intra_s",
-                            "beta_intra_s",
-                            "alpha_inter_s",
-                            "beta_inter_s",
-                            "gamma",
-                        )
-                    }
-                    if comm
-                    else None
-                ),
-            }
-        )
+    pairs = [pair_entry(p, diagnostics[(p.gpu, p.app)], comm_by_pair.get((p.gpu, p.app))) for p in computes]
     misses = [
         f"{r['gpu']}/{r['app']} ({pct(r['loo_mdape'])} %)"
         for r in pairs

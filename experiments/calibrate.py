@@ -50,8 +50,8 @@ from experiments.calibration_real import calibrate_real
 from experiments.calibration_table import calibrate_from_table
 from experiments.common import atomic_write_text, shown
 from experiments.reports.calibration_report import report_markdown
-from sim.datafiles import data_path
-from sim.profile import PROFILES_DIR, ClusterProfile, dump_json, load_profile
+from sim.datafiles import data_path, dump_json
+from sim.profile import PROFILES_DIR, ClusterProfile, load_profile
 
 log = logging.getLogger(__name__)
 

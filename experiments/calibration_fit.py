@@ -4,18 +4,13 @@ fitted (:func:`sim.fitting.step_time.fit_models`) with the held-out check beside
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
 import pandas as pd
 
 from sim.fitting.step_time import fit_models, holdout_errors
-from sim.profile import (
-    ClusterProfile,
-)
-
-log = logging.getLogger(__name__)
+from sim.profile import ClusterProfile
 
 #: The calibration app (its reports quote the command that regenerates them).
 COMMAND = "python -m experiments.calibrate"

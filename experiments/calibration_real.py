@@ -4,7 +4,6 @@ static-batch training curves) and fitted into a profile."""
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -19,19 +18,13 @@ from omegaconf import DictConfig
 from experiments.calibration_fit import COMMAND, fit_table, holdout_summary, parse_pairs
 from experiments.common import atomic_write_text, plain
 from experiments.reports.markdown import overrides_text
-from sim.cluster import ClusterSpec
+from sim.cluster import ClusterSpec, ProfiledNodeSpec
 from sim.fitting.curves import Curve, fit_convergence_curves
 from sim.fitting.table import read_profile_table
 from sim.hardware import ComputeParams
-from sim.profile import (
-    MEASUREMENTS_FILE,
-    ProfiledNodeSpec,
-    write_profile,
-)
+from sim.profile import MEASUREMENTS_FILE, write_profile
 from sim.specs_io import workload_from_dict
 from sim.workloads import Workload
-
-log = logging.getLogger(__name__)
 
 
 def loadavg() -> list[float]:

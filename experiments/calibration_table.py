@@ -17,16 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.calibration_fit import COMMAND, fit_table, holdout_summary, parse_pairs
 from experiments.common import atomic_write_text, describe_file, plain
-from sim.cluster import ClusterSpec, NodeSpec
+from sim.cluster import ClusterSpec, NodeSpec, ProfiledNodeSpec
 from sim.convergence import ConvergenceParams, convergence_table
 from sim.fitting.convergence import fit_app
 from sim.fitting.table import read_profile_table
 from sim.hardware import GPU_MEMORY_GIB
-from sim.profile import (
-    MEASUREMENTS_FILE,
-    ProfiledNodeSpec,
-    write_profile,
-)
+from sim.profile import MEASUREMENTS_FILE, write_profile
 from sim.specs_io import spec_from_dict, workload_from_dict, workload_to_dict
 from sim.traces_table import app_spec, read_traces
 from sim.workloads import WORKLOADS, Workload

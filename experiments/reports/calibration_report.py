@@ -10,9 +10,7 @@ from typing import Any
 from experiments.calibration_fit import COMMAND, fit_figures
 from experiments.reports.markdown import blocks, bullets, percents, render, section, table
 from sim.fitting.step_time import ADDITIVE_RULE
-from sim.profile import (
-    ClusterProfile,
-)
+from sim.profile import ClusterProfile
 
 
 def report_markdown(profile: ClusterProfile, fit: dict[str, Any], notes: list[str]) -> str:

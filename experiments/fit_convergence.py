@@ -282,6 +282,53 @@ def _tradeoff(t: dict[str, Any]) -> list[str]:
     )
 
 
+def fit_choices(memory_fraction: float, apps: list[str], trade: TradeoffFit) -> list[str]:
+    """The modelling choices the report lists, with this fit's settings."""
+    return [
+        f"batch_memory_progress = {memory_fraction:g} x total_progress: the static traces cannot "
+        "identify it (their memory is constant); the batch that matters for the generalisation gap "
+        "is the one of the final phase (the last learning-rate stage: ImageNet's epochs 80-90 "
+        "are 11 % of its run), so the memory forgets a batch over about a tenth of the run.",
+        "Static-batch traces: batch memory = log2(global batch); ref_batch = the smallest batch "
+        "(M0), so stretch and gap are relative to it.",
+        "acc_chance per app: "
+        + "; ".join(f"{a}: {APP_SPECS[a].chance_note}" for a in apps)
+        + ". bert's F1 (percent) is divided by 100.",
+        "train_gap per app (training accuracy above validation at the end; not in the traces): "
+        + "; ".join(f"{a}: {APP_SPECS[a].train_gap_note}" for a in apps)
+        + f"; {trade.params.name}: 1 - acc_ceiling (ResNet-34 interpolates CIFAR-100's training set).",
+        "Gradient statistics pooled over batch sizes as per-epoch medians, GCV smoothing spline in "
+        "log(progress), log B_noise made non-decreasing by isotonic regression; PCHIP knots at "
+        "geometric + linear epochs plus both sides of every jump (learning-rate decays); held "
+        "constant outside the knots.",
+        "Accuracy: joint least squares over all batches, weighted by 1 / per-epoch RMS residual "
+        "of an unweighted first pass (the traces are heteroscedastic).",
+        "Ordering: Kendall's tau-b / Spearman's rho between trace and model epochs-to-target over "
+        "batch sizes; NaN where either side is constant (bert reaches 0.87 and 0.88 in epoch 2 at "
+        "every batch; imagenet's fitted model has no batch dependence).",
+    ]
+
+
+def model_entries(
+    fits: dict[str, AppFit], trade: TradeoffFit, borrow: str, tradeoff_source: str, progress_scale: float
+) -> list[dict[str, Any]]:
+    """``convergence_models.json``'s models: every measured app's fit and the trade-off workload's."""
+    models = [model_entry(f, {"accuracy_rmse_by_batch": f.rmse, "log_noise_rmse_bins":
+                              f.grad.rmse_log_noise_bins, "log_noise_rmse_rows":
+                              f.grad.rmse_log_noise_rows, "ordering_kendall_tau": {
+                                  f"{o['target']:g}": o["kendall_tau"] for o in f.ordering},
+                              "source": f"traces of {f.params.name}"})
+              for f in fits.values()]  # fmt: skip
+    models.append(model_entry(trade, {
+        "source": f"shape and gradient statistics of {borrow} stretched by "
+        f"progress_scale; fitted to {tradeoff_source}",
+        "progress_scale": progress_scale,
+        "tradeoff_rows": trade.rows,
+    }))  # fmt: skip
+    models.sort(key=lambda m: m["name"])
+    return models
+
+
 def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
     traces_path = Path(to_absolute_path(cfg.traces)) if cfg.traces else data_path(TRACES_FILE)
     tradeoff_path = Path(to_absolute_path(cfg.tradeoff)) if cfg.tradeoff else data_path(TRADEOFF_FILE)
@@ -325,29 +372,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
         "best_static": trade.best_static,
         "dynamic": trade.dynamic,
     }
-    choices = [
-        f"batch_memory_progress = {memory_fraction:g} x total_progress: the static traces cannot "
-        "identify it (their memory is constant); the batch that matters for the generalisation gap "
-        "is the one of the final phase (the last learning-rate stage: ImageNet's epochs 80-90 "
-        "are 11 % of its run), so the memory forgets a batch over about a tenth of the run.",
-        "Static-batch traces: batch memory = log2(global batch); ref_batch = the smallest batch "
-        "(M0), so stretch and gap are relative to it.",
-        "acc_chance per app: "
-        + "; ".join(f"{a}: {APP_SPECS[a].chance_note}" for a in fits)
-        + ". bert's F1 (percent) is divided by 100.",
-        "train_gap per app (training accuracy above validation at the end; not in the traces): "
-        + "; ".join(f"{a}: {APP_SPECS[a].train_gap_note}" for a in fits)
-        + f"; {trade.params.name}: 1 - acc_ceiling (ResNet-34 interpolates CIFAR-100's training set).",
-        "Gradient statistics pooled over batch sizes as per-epoch medians, GCV smoothing spline in "
-        "log(progress), log B_noise made non-decreasing by isotonic regression; PCHIP knots at "
-        "geometric + linear epochs plus both sides of every jump (learning-rate decays); held "
-        "constant outside the knots.",
-        "Accuracy: joint least squares over all batches, weighted by 1 / per-epoch RMS residual "
-        "of an unweighted first pass (the traces are heteroscedastic).",
-        "Ordering: Kendall's tau-b / Spearman's rho between trace and model epochs-to-target over "
-        "batch sizes; NaN where either side is constant (bert reaches 0.87 and 0.88 in epoch 2 at "
-        "every batch; imagenet's fitted model has no batch dependence).",
-    ]
+    choices = fit_choices(memory_fraction, list(fits), trade)
     summ = {
         "command": COMMAND,
         "traces": describe_file(traces_path),
@@ -357,19 +382,7 @@ def fit_convergence(cfg: DictConfig) -> dict[str, Any]:
         "tradeoff": trade_summary,
     }
     summ = json.loads(dump_json(summ, digits=10))
-    models = [model_entry(f, {"accuracy_rmse_by_batch": f.rmse, "log_noise_rmse_bins":
-                              f.grad.rmse_log_noise_bins, "log_noise_rmse_rows":
-                              f.grad.rmse_log_noise_rows, "ordering_kendall_tau": {
-                                  f"{o['target']:g}": o["kendall_tau"] for o in f.ordering},
-                              "source": f"traces of {f.params.name}"})
-              for f in fits.values()]  # fmt: skip
-    models.append(model_entry(trade, {
-        "source": f"shape and gradient statistics of {cfg.tradeoff_borrow} stretched by "
-        f"progress_scale; fitted to {trade_summary['source']['path']}",
-        "progress_scale": progress_scale,
-        "tradeoff_rows": trade.rows,
-    }))  # fmt: skip
-    models.sort(key=lambda m: m["name"])
+    models = model_entries(fits, trade, cfg.tradeoff_borrow, trade_summary["source"]["path"], progress_scale)
     doc = {
         "generated_by": COMMAND,
         "source": {"traces": describe_file(traces_path), "tradeoff": describe_file(tradeoff_path)},

@@ -78,14 +78,11 @@ def measure_real(cfg: DictConfig, real: dict[str, Any]) -> dict[str, Any]:
     configured worker count the per-interval overheads and the static-batch curves."""
     from adapters.config import RealDDPConfig
     from adapters.ddp_backend import DDPBackend
-    from dynamix_gym.measurement.profiling import profile_ladder, wait_for_quiet
+    from dynamix_gym.measurement.profiling import profile_ladder, quiet_wait
 
     workers = int(real["workers"])
     counts = sorted({int(w) for w in cfg.ladder.worker_counts} | {workers})
-    quiet = None
-    if cfg.quiet.enabled:
-        q = cfg.quiet
-        quiet = wait_for_quiet(float(q.threshold), float(q.hold_s), float(q.poll_s), float(q.max_wait_s))
+    quiet = quiet_wait(cfg.quiet)
     load_start = loadavg()
     # Profiling never stops at the accuracy target (the env would end the overhead episode).
     base = {**real, "target_accuracy": 1.0, "scenario": None, "emulate": None}

@@ -37,7 +37,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from dynamix_gym.measurement.compare import ppo_advantage, ranking, tta_table
-from dynamix_gym.measurement.profiling import wait_for_quiet
+from dynamix_gym.measurement.profiling import quiet_wait
 from experiments import fidelity_summary as fs
 from experiments.common import atomic_write_text, shown
 from experiments.fidelity_checks import collapses, interval_errors, ladder_holdout, speed_ladder
@@ -96,10 +96,7 @@ def measure(setup: Setup) -> dict[str, Any]:
     cfg, profile, real_config, scenario = setup.cfg, setup.profile, setup.real_config, setup.scenario
     specs, interval = setup.specs, setup.interval
     budget = float(cfg.time_budget_s)
-    quiet = None
-    if cfg.quiet.enabled:
-        q = cfg.quiet
-        quiet = wait_for_quiet(float(q.threshold), float(q.hold_s), float(q.poll_s), float(q.max_wait_s))
+    quiet = quiet_wait(cfg.quiet)
     loads = [os.getloadavg()[0]]
     load_start = [round(x, 2) for x in os.getloadavg()]
     speed = speed_ladder(cfg, profile, real_config, scenario) if cfg.speed_ladder.enabled else None

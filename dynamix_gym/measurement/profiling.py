@@ -444,3 +444,11 @@ def wait_for_quiet(
             )
             return {"quiet": False, "waited_s": now, "samples": samples}
         sleep(poll_s)
+
+
+def quiet_wait(q: Any) -> dict[str, Any] | None:
+    """:func:`wait_for_quiet` with a config's ``quiet`` settings (enabled, threshold, hold_s,
+    poll_s, max_wait_s); None when not enabled."""
+    if not q.enabled:
+        return None
+    return wait_for_quiet(float(q.threshold), float(q.hold_s), float(q.poll_s), float(q.max_wait_s))

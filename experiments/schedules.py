@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from dynamix_gym.controllers.schedule import AccuracyScheduleController, parse_phases
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.measurement.profiling import wait_for_quiet
+from dynamix_gym.measurement.profiling import quiet_wait
 from experiments.common import atomic_write_text
 from sim.convergence import LR_RULES
 from sim.faults import Scenario
@@ -174,11 +174,8 @@ def campaign(cfg: DictConfig, profile: ClusterProfile, out: Path) -> dict[str, A
                     if not path.exists():
                         todo.append((backend, regime, s, int(seed), path))
     conditions: dict[str, Any] = {"load_start": [round(x, 2) for x in os.getloadavg()], "loads": []}
-    if cfg.quiet.enabled and any(t[0] == "real" for t in todo):
-        q = cfg.quiet
-        conditions["quiet"] = wait_for_quiet(
-            float(q.threshold), float(q.hold_s), float(q.poll_s), float(q.max_wait_s)
-        )
+    if any(t[0] == "real" for t in todo):
+        conditions["quiet"] = quiet_wait(cfg.quiet)
     reals = RealBackends(task, scenario, budget)
     try:
         for backend, regime, s, seed, path in tqdm(todo, desc="schedule runs", disable=not cfg.progress):

@@ -327,6 +327,12 @@ class DDPBackend:
             + (f" Other ranks: {others}." if others else "")
             + f" All {len(self._procs)} worker processes were stopped; call reset() to start new ones."
         )
+        if op == "start" and dead:
+            # spawn re-imports the main module: an env built above its main guard kills the workers
+            message += (
+                " A rank that dies while starting usually means the main script builds the env (or the"
+                ' backend) outside `if __name__ == "__main__":`; the worker\'s traceback above says where.'
+            )
         tb = errors.get(rank, {}).get("traceback")
         if tb:
             log.error("rank %d traceback:\n%s", rank, tb)

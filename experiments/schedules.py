@@ -158,15 +158,19 @@ def save_run(path: Path, record: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(record, default=float))
 
 
-def campaign(cfg: DictConfig, profile: ClusterProfile, out: Path) -> dict[str, Any]:
-    """Run what is not saved yet: real runs first (on a quiet machine), then the simulated ones."""
+def campaign(
+    cfg: DictConfig, profile: ClusterProfile, sim_profile: ClusterProfile, out: Path
+) -> dict[str, Any]:
+    """Run what is not saved yet: real runs first (on a quiet machine), then the simulated ones
+    (in ``sim_profile``, saved as backend ``cfg.sim_label``)."""
     schedules, regimes = schedule_library(cfg), check_regimes(cfg.regimes)
     task = real_task(profile)
     interval = int(cfg.interval or (profile.meta.get("provenance") or {}).get("interval") or 20)
     budget = float(cfg.time_budget_s)
     scenario = quiet_scenario(profile, int(task.get("workers", 2)))
     todo = []
-    for backend, seeds in (("real", cfg.real_seeds if cfg.real else []), ("sim", cfg.sim_seeds)):
+    sim_label = str(cfg.sim_label)
+    for backend, seeds in (("real", cfg.real_seeds if cfg.real else []), (sim_label, cfg.sim_seeds)):
         for regime in regimes:
             for seed in seeds:
                 for s in schedules:
@@ -183,7 +187,7 @@ def campaign(cfg: DictConfig, profile: ClusterProfile, out: Path) -> dict[str, A
                 conditions["loads"].append(os.getloadavg()[0])
                 env = reals.env(regime, interval)
             else:
-                env = sim_env(profile, scenario, regime, interval, budget, task)
+                env = sim_env(sim_profile, scenario, regime, interval, budget, task)
             rec = run_one(env, s, seed)
             rec.update(backend=backend, regime=regime, schedule=s["name"], kind=s["kind"], seed=seed)
             save_run(path, rec)
@@ -197,8 +201,14 @@ def campaign(cfg: DictConfig, profile: ClusterProfile, out: Path) -> dict[str, A
             "task": task, "conditions": conditions, "ran": len(todo)}  # fmt: skip
 
 
-def load_runs(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+def load_runs(out: Path, sim_label: str = "sim") -> list[dict[str, Any]]:
+    """The real runs and the simulated runs labelled ``sim_label`` (renamed ``sim`` for the analysis)."""
+    runs = []
+    for p in sorted((out / "runs").glob("*.json")):
+        rec = json.loads(p.read_text())
+        if rec["backend"] in ("real", sim_label):
+            runs.append({**rec, "backend": "real" if rec["backend"] == "real" else "sim"})
+    return runs
 
 
 def schedules_app(cfg: DictConfig) -> float:
@@ -207,6 +217,7 @@ def schedules_app(cfg: DictConfig) -> float:
     from experiments.schedules_report import analyse, write_report
 
     profile = load_profile(to_absolute_path(str(cfg.profile)))
+    sim_profile = profile if cfg.sim_profile is None else load_profile(to_absolute_path(str(cfg.sim_profile)))
     out = Path(to_absolute_path(str(cfg.out_dir)))
     meta_path = out / "schedules.json"
     if cfg.reanalyse:
@@ -214,18 +225,18 @@ def schedules_app(cfg: DictConfig) -> float:
             raise FileNotFoundError(f"reanalyse=true but {meta_path} does not exist: measure first")
         meta = json.loads(meta_path.read_text())
     else:
-        meta = campaign(cfg, profile, out)
+        meta = campaign(cfg, profile, sim_profile, out)
         meta["conditions_history"] = (
             json.loads(meta_path.read_text()).get("conditions_history", []) if meta_path.exists() else []
         ) + [meta.pop("conditions")]
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(meta_path, json.dumps(meta, indent=1, default=float))
-    runs = load_runs(out)
+    runs = load_runs(out, str(cfg.sim_label))
     if not runs:
         raise RuntimeError(f"no runs under {out / 'runs'}")
     plain = OmegaConf.to_container(cfg, resolve=True)
     result = analyse(runs, meta, plain)
-    write_report(Path(to_absolute_path(str(cfg.report))), result, {**meta, "out_dir": str(cfg.out_dir)}, profile,
+    write_report(Path(to_absolute_path(str(cfg.report))), result, {**meta, "out_dir": str(cfg.out_dir), "sim_profile": str(cfg.sim_profile or cfg.profile)}, sim_profile,
                  plain["checks"])  # fmt: skip
     taus = [r["kendall_tau"] for r in result["regimes"].values() if r.get("kendall_tau") is not None]
     return float(min(taus)) if taus else float(np.nan)

@@ -244,7 +244,7 @@ def write_report(
         f"- Real: {task.get('workers', 2)} CPU ranks (gloo), {task.get('model')} on {task.get('dataset')}, base lr "
         f"{task.get('base_lr')}, base batch {task.get('base_batch')}; no faults; every run trains "
         f"{meta['budget_s']:.0f} s at K = {meta['interval']} iterations per decision (no early stop).",
-        f"- Simulated: profile `{profile.name}` with the same schedules, rule and budget.",
+        f"- Simulated: profile `{meta.get('sim_profile', profile.name)}` with the same schedules, rule and budget.",
         f"- 1-minute load while measuring real runs: median {_f(float(np.median(loads)) if loads else None)}, "
         f"max {_f(max(loads) if loads else None)}.",
         "- A schedule's phase starts once validation accuracy has reached its threshold "

@@ -303,3 +303,24 @@ def test_building_the_env_in_a_worker_that_imports_the_main_module_names_the_gua
     monkeypatch.setattr(mp.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(RuntimeError, match=r'if __name__ == "__main__":'):
         make_real_ddp_env(workers=2)
+
+
+GUARD_BELOW = """
+import gymnasium as gym
+import dynamix_gym  # noqa: F401
+env = gym.make("dynamix/RealDDP-v0", workers=2)
+env.reset(seed=0)
+if __name__ == "__main__":
+    pass
+"""
+
+
+def test_workers_dying_at_start_because_the_env_sits_above_the_guard_say_so_in_the_parent(tmp_path):
+    """The guard is there but the env is built above it: the parent's error, not only the
+    workers' stderr, points at the main guard."""
+    script = tmp_path / "guard_below.py"
+    script.write_text(GUARD_BELOW)
+    proc = run_python([script], timeout=180, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0
+    assert "failed during 'start'" in proc.stderr, proc.stderr[-2000:]
+    assert 'outside `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-2000:]

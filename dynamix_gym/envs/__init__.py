@@ -1,0 +1,8 @@
+"""The Gymnasium environments (one class per file; ids registered by :mod:`dynamix_gym`):
+
+- :mod:`.hetero_cluster`: ``dynamix/HeteroCluster-v0``, the centralised env over any backend
+- :mod:`.per_worker`: ``dynamix/HeteroClusterPerWorker-v0``, one worker's decision per step
+- :mod:`.parallel_cluster`: the per-worker problem as a PettingZoo ``ParallelEnv``
+- :mod:`.elastic_cluster`: ``dynamix/ElasticCluster-v0``, GPUs rented from a priced pool
+- :mod:`.randomized`: domain-randomised worlds for pretraining; :mod:`.vec_env`: vectorised envs
+"""

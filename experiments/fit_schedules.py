@@ -1,0 +1,157 @@
+"""Fit the calibrated profile's convergence model to the real batch-schedule runs.
+
+    python -m experiments.fit_schedules [fit_seeds=[0,1]] [out_profile=DIR] [report=FILE]
+
+Reads the real runs of ``python -m experiments.schedules`` (``runs_dir``), fits the parameters
+that govern schedules (:mod:`sim.fitting.schedules`) on the runs of ``fit_seeds``, scores the fit
+on the other seeds (held out) and on the profile's own calibration curves (``curves.csv``), and
+writes a copy of the profile with the refitted convergence model (``out_profile``) plus a report.
+The shipped workloads' models (``sim/data``, ``results/fit``) are not touched: no schedule data
+exists for them. Compare the refit in the simulator with
+``python -m experiments.schedules sim_profile=<out_profile> sim_label=sim_refit report=...``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig
+
+from experiments.common import atomic_write_text
+from experiments.reports.markdown import table
+from sim.convergence import CONVERGENCE_MODELS_FILE
+from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, fit_schedules, rmse
+from sim.profile import load_profile
+
+COMMAND = "python -m experiments.fit_schedules"
+
+
+def load_schedule_runs(out_dir: Path, backend: str = "real") -> list[ScheduleRun]:
+    """The ``backend`` runs saved by ``experiments.schedules`` under ``out_dir`` (K from its schedules.json)."""
+    meta = out_dir / "schedules.json"
+    if not meta.exists():
+        raise FileNotFoundError(f"{meta} does not exist: run python -m experiments.schedules first")
+    interval = int(json.loads(meta.read_text())["interval"])
+    runs = []
+    for path in sorted((out_dir / "runs").glob(f"{backend}-*.json")):
+        rec = json.loads(path.read_text())
+        tl = rec["timeline"]
+        runs.append(ScheduleRun(
+            name=rec["schedule"], regime=rec["regime"], seed=int(rec["seed"]), iterations=interval,
+            global_batch=np.array([r["global_batch"] for r in tl], dtype=float),
+            val_accuracy=np.array([r["val_accuracy"] for r in tl], dtype=float),
+        ))  # fmt: skip
+    if not runs:
+        raise FileNotFoundError(
+            f"no {backend} runs under {out_dir / 'runs'}: run python -m experiments.schedules"
+        )
+    return runs
+
+
+def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
+    """The profile's static AdaScale calibration curves as runs (every interval of K steps)."""
+    if not curves_csv.exists():
+        return []
+    d = pd.read_csv(curves_csv)
+    out = []
+    for (gb, seed), g in d.groupby(["global_batch", "seed"], sort=True):
+        k = np.diff(np.concatenate([[0], g["steps"].to_numpy()]))
+        if len(set(k.tolist())) != 1:
+            continue
+        out.append(ScheduleRun(f"calibration-{gb}", "adascale", int(seed), int(k[0]),
+                               np.full(len(g), float(gb)), g["val_accuracy"].to_numpy(float)))  # fmt: skip
+    return out
+
+
+def _pts(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def report(fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig) -> str:
+    before, after = fit.before, fit.params
+    rows = []
+    for name in FIT_PARAMETERS:
+        key = name.replace("log_", "")
+        if name == "shape_scale":
+            b, a = before.shape_x[-1], after.shape_x[-1]
+            label = "shape end (progress to the plateau, base steps)"
+        else:
+            b, a = getattr(before, key), getattr(after, key)
+            label = key
+        rows.append([label, f"{b:.4g}", f"{a:.4g}"])
+    err = [[label, len(runs), _pts(rmse(before, runs)), _pts(rmse(after, runs))]
+           for label, runs in groups.items() if runs]  # fmt: skip
+    cmd = f"`{COMMAND} fit_seeds={list(cfg.fit_seeds)}`"
+    return "\n".join([
+        "# The calibrated profile's convergence model, refitted to real batch schedules",
+        "",
+        f"Regenerate: {cmd} (after `python -m experiments.schedules`). Fitted on the real runs of seeds "
+        f"{list(cfg.fit_seeds)} ({fit.runs} runs, {fit.points} intervals, both learning-rate rules); "
+        "the other seeds are held out. The gradient-noise statistics stay as the calibration fitted them.",
+        "",
+        *table(["parameter", "profile", "refit"], rows),
+        "",
+        "Validation-accuracy RMSE (accuracy points, noise-free model against each measured interval):",
+        "",
+        *table(["runs", "count", "profile", "refit"], err),
+        "",
+        f"The refitted profile: `{cfg.out_profile}` (a copy of `{cfg.profile}` with its "
+        f"`{CONVERGENCE_MODELS_FILE}` replaced). The shipped workloads' models are unchanged.",
+        "",
+    ])  # fmt: skip
+
+
+def fit_schedules_app(cfg: DictConfig) -> float:
+    profile_dir = Path(to_absolute_path(str(cfg.profile)))
+    profile = load_profile(profile_dir)
+    runs = load_schedule_runs(Path(to_absolute_path(str(cfg.runs_dir))))
+    fit_seeds = {int(s) for s in cfg.fit_seeds}
+    train = [r for r in runs if r.seed in fit_seeds]
+    held = [r for r in runs if r.seed not in fit_seeds]
+    if not train:
+        raise ValueError(
+            f"fit_seeds={sorted(fit_seeds)} select no run; the runs have seeds {sorted({r.seed for r in runs})}"
+        )
+    name = profile.workload.convergence
+    params = profile.convergence_params(name)
+    fit = fit_schedules(params, train)
+    calib = calibration_runs(profile_dir / "curves.csv")
+    groups: dict[str, list[ScheduleRun]] = {}
+    for label, sel in (("fit seeds", train), ("held-out seeds", held)):
+        groups[label] = sel
+        for regime in sorted({r.regime for r in sel}):
+            groups[f"{label}, {regime}"] = [r for r in sel if r.regime == regime]
+        groups[f"{label}, batch changes during the run"] = [
+            r for r in sel if len(set(r.global_batch[1:])) > 1
+        ]
+    groups["the profile's calibration curves (static, adascale)"] = calib
+    groups["the calibration curves below global batch 1024"] = [r for r in calib if r.global_batch[0] < 1024]
+    out = Path(to_absolute_path(str(cfg.out_profile)))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(profile_dir, tmp)
+    doc = {"generated_by": COMMAND, "models": [asdict(fit.params)]}
+    (tmp / CONVERGENCE_MODELS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    load_profile(tmp)  # refuse to leave a profile the simulator cannot load
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    atomic_write_text(Path(to_absolute_path(str(cfg.report))), report(fit, groups, cfg))
+    return float(rmse(fit.params, held)) if held else float(fit.rmse_after)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="fit_schedules")
+def main(cfg: DictConfig) -> float:
+    return fit_schedules_app(cfg)
+
+
+if __name__ == "__main__":
+    main()

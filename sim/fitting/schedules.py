@@ -1,0 +1,128 @@
+"""The convergence model fitted to training runs under batch schedules (the schedule-fidelity check).
+
+Static-batch curves cannot tell how a *change* of batch acts on progress and on the attainable
+accuracy; runs whose batch changes mid-training (``python -m experiments.schedules``) can. This
+module replays a measured run's batch sequence through :class:`~sim.convergence.ConvergenceModel`
+exactly as the engine advances it (the midpoint progress step of :func:`sim.scaling.advance`, the
+batch memory updated over each interval's progress, accuracy at the interval's end) and fits the
+parameters that govern schedules to the measured validation accuracy:
+
+    acc_ceiling           the plateau of a run at (or below) the reference batch
+    shape scale           progress to the plateau (multiplies ``shape_x``)
+    none_exponent         the gain of a larger batch without learning-rate scaling
+    gap_per_doubling      accuracy lost per doubling of the remembered batch above ``ref_batch``
+    stretch_exponent      progress slow-down per doubling of the remembered batch
+    batch_memory_progress how fast a new batch's effect on the attainable accuracy sets in
+
+by bounded least squares (:func:`sim.fitting.lsq.multi_start_lsq`) over every interval of every run.
+The gradient-noise statistics (hence AdaScale's gain) stay as the profile's curves fitted them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sim.convergence import ConvergenceModel, ConvergenceParams
+from sim.fitting.lsq import multi_start_lsq
+from sim.scaling import advance
+
+#: The fitted parameters, in the order of the solver's vector, with their bounds.
+FIT_PARAMETERS: tuple[str, ...] = (
+    "acc_ceiling",
+    "shape_scale",
+    "none_exponent",
+    "gap_per_doubling",
+    "stretch_exponent",
+    "log_batch_memory_progress",
+)
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """One measured run: its global batch and validation accuracy at the end of every interval."""
+
+    name: str
+    regime: str  # learning-rate rule (sim.scaling.LR_RULES)
+    seed: int
+    iterations: int  # K, optimiser steps per interval
+    global_batch: np.ndarray
+    val_accuracy: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.global_batch) != len(self.val_accuracy) or len(self.global_batch) < 2:
+            raise ValueError(f"run {self.name} seed {self.seed}: needs >= 2 intervals of batch and accuracy")
+        if self.iterations < 1:
+            raise ValueError(f"run {self.name}: iterations must be >= 1, got {self.iterations}")
+
+
+def replay(model: ConvergenceModel, run: ScheduleRun) -> np.ndarray:
+    """The model's validation accuracy (noise-free) at the end of each of ``run``'s intervals."""
+    progress, memory, out = 0.0, None, []
+    for gb in run.global_batch.astype(float):
+        if memory is None:
+            memory = model.initial_batch_memory(gb)
+        dp = advance(model.progress_per_step, gb, progress, run.iterations)
+        memory = model.update_batch_memory(memory, gb, dp)
+        progress += dp
+        out.append(model.accuracy(progress, memory))
+    return np.asarray(out)
+
+
+def with_vector(params: ConvergenceParams, x: Sequence[float]) -> ConvergenceParams:
+    ceiling, scale, none_e, gap, stretch, log_mem = (float(v) for v in x)
+    return replace(
+        params,
+        acc_ceiling=ceiling,
+        shape_x=tuple(float(v) * scale for v in params.shape_x),
+        none_exponent=none_e,
+        gap_per_doubling=gap,
+        stretch_exponent=stretch,
+        batch_memory_progress=math.exp(log_mem),
+    )
+
+
+def vector_of(params: ConvergenceParams) -> np.ndarray:
+    return np.array([params.acc_ceiling, 1.0, params.none_exponent, params.gap_per_doubling,
+                     params.stretch_exponent, math.log(params.batch_memory_progress)])  # fmt: skip
+
+
+def residuals(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> np.ndarray:
+    """Model minus measured validation accuracy over every interval of every run."""
+    models = {r: ConvergenceModel(params, r) for r in sorted({run.regime for run in runs})}
+    return np.concatenate([replay(models[run.regime], run) - run.val_accuracy for run in runs])
+
+
+def rmse(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> float:
+    return float(np.sqrt(np.mean(residuals(params, runs) ** 2))) if runs else math.nan
+
+
+@dataclass(frozen=True)
+class ScheduleFit:
+    params: ConvergenceParams
+    before: ConvergenceParams
+    rmse_before: float
+    rmse_after: float
+    runs: int
+    points: int
+
+
+def fit_schedules(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> ScheduleFit:
+    """Fit :data:`FIT_PARAMETERS` of ``params`` to ``runs`` (both regimes at once); deterministic
+    (two fixed starts: the profile's own values and a neutral guess)."""
+    if not runs:
+        raise ValueError("fit_schedules needs at least one run")
+    lo = np.array([params.acc_chance + 0.01, 0.2, 0.0, 0.0, 0.0, math.log(1.0)])
+    hi = np.array([1.0, 5.0, 0.5, 0.2, 1.5, math.log(1e4)])
+    x0 = np.clip(vector_of(params), lo + 1e-9, hi - 1e-9)
+    neutral = np.clip(np.array([float(np.max([r.val_accuracy.max() for r in runs])), 1.0, 0.25, 0.01, 0.2,
+                                math.log(50.0)]), lo + 1e-9, hi - 1e-9)  # fmt: skip
+    res = multi_start_lsq(lambda x: residuals(with_vector(params, x), runs), [x0, neutral],
+                          bounds=(lo, hi), x_scale=hi - lo)  # fmt: skip
+    fitted = with_vector(params, res.x)
+    fitted = replace(fitted, fit_rmse=rmse(fitted, runs))
+    return ScheduleFit(fitted, params, rmse(params, runs), fitted.fit_rmse, len(runs),
+                       int(sum(len(r.val_accuracy) for r in runs)))  # fmt: skip

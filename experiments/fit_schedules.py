@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
 from sim.convergence import CONVERGENCE_MODELS_FILE
-from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, fit_schedules, rmse
+from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, at_bounds, fit_schedules, rmse
 from sim.profile import load_profile
 
 COMMAND = "python -m experiments.fit_schedules"
@@ -99,6 +99,9 @@ def report(fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig) -> s
         "the other seeds are held out. The gradient-noise statistics stay as the calibration fitted them.",
         "",
         *table(["parameter", "profile", "refit"], rows),
+        "",
+        "Parameters that ended on a bound (the data ask for more than the model allows): "
+        + ("; ".join(at_bounds(fit)) or "none") + ".",
         "",
         "Validation-accuracy RMSE (accuracy points, noise-free model against each measured interval):",
         "",

@@ -53,8 +53,10 @@ class ScheduleRun:
     val_accuracy: np.ndarray
 
     def __post_init__(self) -> None:
-        if len(self.global_batch) != len(self.val_accuracy) or len(self.global_batch) < 2:
-            raise ValueError(f"run {self.name} seed {self.seed}: needs >= 2 intervals of batch and accuracy")
+        if len(self.global_batch) != len(self.val_accuracy) or len(self.global_batch) < 1:
+            raise ValueError(
+                f"run {self.name} seed {self.seed}: needs >= 1 interval, with one batch and one accuracy each"
+            )
         if self.iterations < 1:
             raise ValueError(f"run {self.name}: iterations must be >= 1, got {self.iterations}")
 
@@ -90,6 +92,24 @@ def vector_of(params: ConvergenceParams) -> np.ndarray:
                      params.stretch_exponent, math.log(params.batch_memory_progress)])  # fmt: skip
 
 
+def bounds(params: ConvergenceParams) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds of the solver's vector (:data:`FIT_PARAMETERS`)."""
+    lo = np.array([params.acc_chance + 0.01, 0.2, 0.0, 0.0, 0.0, math.log(1.0)])
+    hi = np.array([1.0, 5.0, 0.5, 0.2, 1.5, math.log(1e4)])
+    return lo, hi
+
+
+def at_bounds(fit: ScheduleFit, tol: float = 1e-3) -> list[str]:
+    """The fitted parameters that ended on a bound (the data push past what the model allows)."""
+    lo, hi = bounds(fit.before)
+    x = vector_of(fit.params)
+    x[1] = fit.params.shape_x[-1] / fit.before.shape_x[-1]
+    span = hi - lo
+    return [f"{n} at its {'upper' if abs(v - h) <= tol * w else 'lower'} bound"
+            for n, v, l_, h, w in zip(FIT_PARAMETERS, x, lo, hi, span, strict=True)
+            if abs(v - l_) <= tol * w or abs(v - h) <= tol * w]  # fmt: skip
+
+
 def residuals(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> np.ndarray:
     """Model minus measured validation accuracy over every interval of every run."""
     models = {r: ConvergenceModel(params, r) for r in sorted({run.regime for run in runs})}
@@ -115,8 +135,7 @@ def fit_schedules(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> Sch
     (two fixed starts: the profile's own values and a neutral guess)."""
     if not runs:
         raise ValueError("fit_schedules needs at least one run")
-    lo = np.array([params.acc_chance + 0.01, 0.2, 0.0, 0.0, 0.0, math.log(1.0)])
-    hi = np.array([1.0, 5.0, 0.5, 0.2, 1.5, math.log(1e4)])
+    lo, hi = bounds(params)
     x0 = np.clip(vector_of(params), lo + 1e-9, hi - 1e-9)
     neutral = np.clip(np.array([float(np.max([r.val_accuracy.max() for r in runs])), 1.0, 0.25, 0.01, 0.2,
                                 math.log(50.0)]), lo + 1e-9, hi - 1e-9)  # fmt: skip

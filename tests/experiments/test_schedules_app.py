@@ -52,3 +52,25 @@ def test_unknown_schedule_and_regime_are_refused(tmp_path):
         schedule_library(_cfg(tmp_path, "schedules=[nope]"))
     with pytest.raises(ValueError, match="regimes must list"):
         schedules_app(_cfg(tmp_path, "regimes=[fast]"))
+
+
+def test_fit_schedules_writes_a_loadable_refit_profile_and_its_report(tmp_path):
+    schedules_app(_cfg(tmp_path))
+    runs = tmp_path / "out" / "runs"
+    for p in runs.glob("sim-*.json"):  # stand-ins for real runs: the simulator's own, relabelled
+        rec = json.loads(p.read_text())
+        (runs / p.name.replace("sim-", "real-", 1)).write_text(json.dumps({**rec, "backend": "real"}))
+    from experiments.fit_schedules import fit_schedules_app
+    from sim.profile import load_profile
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("fit_schedules", overrides=[
+            f"runs_dir={tmp_path / 'out'}", f"out_profile={tmp_path / 'refit'}",
+            f"report={tmp_path / 'fit.md'}", "fit_seeds=[0]",
+        ])  # fmt: skip
+    held_rmse = fit_schedules_app(cfg)
+    assert 0.0 <= held_rmse < 0.05  # seed 1's noise around the same model
+    refit = load_profile(tmp_path / "refit")
+    assert refit.workload == load_profile(CONF.parent / "results" / "fidelity" / "profile").workload
+    assert "| held-out seeds |" in (tmp_path / "fit.md").read_text()
+    assert not (tmp_path / "refit.tmp").exists()

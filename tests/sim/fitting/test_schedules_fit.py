@@ -54,7 +54,7 @@ def test_the_fit_recovers_known_schedule_parameters(regime):
     for name, phases in SCHEDULES.items():
         def acc_of(i, batches):
             r = ScheduleRun(name, regime, 0, 50, np.array(batches, float), np.zeros(len(batches)))
-            return float(replay(model, r)[-1]) if len(batches) > 1 else 0.0
+            return float(replay(model, r)[-1])
 
         gb = _batches(phases, acc_of)
         clean = replay(model, ScheduleRun(name, regime, 0, 50, gb, np.zeros(len(gb))))

@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from support import ROOT
 
 from dynamix_gym.controllers.schedule import AccuracyScheduleController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from sim.convergence import ConvergenceModel, convergence_params
 from sim.fitting.schedules import ScheduleRun, fit_schedules, replay, rmse, with_vector
-from support import ROOT
 
 PROFILE = ROOT / "results" / "fidelity" / "profile"
 SCHEDULES = {
@@ -34,7 +34,9 @@ def _batches(phases, acc_of, n=40):
 
 
 def test_replay_is_the_engines_noise_free_accuracy():
-    env = HeteroClusterEnv(profile=str(PROFILE), action_mode="absolute", interval=20, scenario="static_hetero")
+    env = HeteroClusterEnv(
+        profile=str(PROFILE), action_mode="absolute", interval=20, scenario="static_hetero"
+    )
     sim = env.unwrapped.backend.sim
     for phases in SCHEDULES.values():
         res = run_episode(env, AccuracyScheduleController(phases), seed=3, max_steps=30)
@@ -52,7 +54,8 @@ def test_the_fit_recovers_known_schedule_parameters(regime):
     rng = np.random.default_rng(0)
     runs = []
     for name, phases in SCHEDULES.items():
-        def acc_of(i, batches):
+
+        def acc_of(i, batches, name=name):
             r = ScheduleRun(name, regime, 0, 50, np.array(batches, float), np.zeros(len(batches)))
             return float(replay(model, r)[-1])
 

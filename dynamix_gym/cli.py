@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "fidelity": ("experiments.fidelity", "sim-to-real fidelity of a calibrated profile"),
     "schedules": ("experiments.schedules", "batch schedules on real DDP beside the calibrated simulator"),
-    "fit-schedules": ("experiments.fit_schedules", "refit a profile's convergence model to schedule runs"),
+    "fit_schedules": ("experiments.fit_schedules", "refit a profile's convergence model to schedule runs"),
     "serve": ("experiments.serve", "the arbitrator service: PPO bundles over gRPC"),
     "demo": ("experiments.demo", "`make demo`: pretrain, evaluate beside the baselines, tabulate"),
     "elastic": ("experiments.elastic", "time and dollars to accuracy on an elastic spot pool"),

@@ -57,6 +57,50 @@ def load_schedule_runs(out_dir: Path, backend: str = "real") -> list[ScheduleRun
     return runs
 
 
+def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """From the real static runs of the campaign: median compute time per iteration of every
+    worker at each local batch, and the median per-interval overhead (interval time minus K
+    iterations), warm-up intervals excluded; what a ladder measured that day would give."""
+    comp: dict[int, list[float]] = {}
+    overhead: list[float] = []
+    for path in sorted((out_dir / "runs").glob("real-*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("kind") != "static":
+            continue
+        for row in rec["timeline"][1:]:
+            n = sum(1 for k in row if k.endswith("_compute_time_s"))
+            comp.setdefault(int(row["w0_batch"]), []).extend(row[f"w{i}_compute_time_s"] for i in range(n))
+            overhead.append(row["interval_time_s"] - interval * row["w0_iteration_time_s"])
+    if len(comp) < 3:
+        raise ValueError(
+            f"same-day step times need static real runs at >= 3 local batches, found {sorted(comp)}"
+        )
+    b = np.array(sorted(comp), dtype=float)
+    return b, np.array([np.median(comp[int(x)]) for x in b]), float(np.median(overhead))
+
+
+def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[str, Any]:
+    """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place)."""
+    from dataclasses import asdict as as_dict
+
+    from sim.datafiles import dump_json
+    from sim.fitting.step_time import fit_compute_additive
+
+    b, t, overhead = same_day_step_times(out_dir, interval)
+    doc = json.loads((profile_dir / "compute_models.json").read_text())
+    (old,) = doc["models"]
+    params, _report = fit_compute_additive(b, t, old["gpu"], old["app"], int(old["max_batch"]))
+    doc = {"generated_by": f"{COMMAND} (same-day step times from the static real runs)",
+           "models": [as_dict(params)]}  # fmt: skip
+    (profile_dir / "compute_models.json").write_text(dump_json(doc))
+    prof = json.loads((profile_dir / "profile.json").read_text())
+    before = float(prof["simulator"]["interval_overhead_s"])
+    prof["simulator"]["interval_overhead_s"] = overhead
+    (profile_dir / "profile.json").write_text(dump_json(prof))
+    return {"batches": b.tolist(), "compute_s": t.tolist(), "loo_mdape": float(params.loo_mdape),
+            "overhead_s": (before, overhead), "before": old, "after": as_dict(params)}  # fmt: skip
+
+
 def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
     """The profile's static AdaScale calibration curves as runs (every interval of K steps)."""
     if not curves_csv.exists():
@@ -76,7 +120,28 @@ def _pts(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.1f}"
 
 
-def report(fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig) -> str:
+def step_lines(steps: dict[str, Any] | None) -> list[str]:
+    if steps is None:
+        return ["Step times: the profile's (same_day_step_times=false).", ""]
+    rows = [[int(b), f"{1000 * t:.2f}"] for b, t in zip(steps["batches"], steps["compute_s"], strict=True)]
+    a, z = steps["before"], steps["after"]
+    return [
+        "Step times refitted from the campaign's own static real runs (what a ladder measured that day gives;",
+        "the schedules whose batch changes are not used): median compute per iteration and worker,",
+        "",
+        *table(["local batch", "compute (ms)"], rows),
+        "",
+        f"compute model alpha {1000 * a['alpha_s']:.2f} -> {1000 * z['alpha_s']:.2f} ms, beta {1e3 * a['beta_s']:.4f} -> "
+        f"{1e3 * z['beta_s']:.4f} ms/sample^e, exponent {a['exponent']:.3f} -> {z['exponent']:.3f} (leave-one-batch-out "
+        f"MdAPE {100 * steps['loo_mdape']:.1f} %); interval overhead {steps['overhead_s'][0]:.3f} -> "
+        f"{steps['overhead_s'][1]:.3f} s.",
+        "",
+    ]
+
+
+def report(
+    fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig, steps: dict[str, Any] | None
+) -> str:
     before, after = fit.before, fit.params
     rows = []
     for name in FIT_PARAMETERS:
@@ -107,6 +172,7 @@ def report(fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig) -> s
         "",
         *table(["runs", "count", "profile", "refit"], err),
         "",
+        *step_lines(steps),
         f"The refitted profile: `{cfg.out_profile}` (a copy of `{cfg.profile}` with its "
         f"`{CONVERGENCE_MODELS_FILE}` replaced). The shipped workloads' models are unchanged.",
         "",
@@ -116,7 +182,8 @@ def report(fit: Any, groups: dict[str, list[ScheduleRun]], cfg: DictConfig) -> s
 def fit_schedules_app(cfg: DictConfig) -> float:
     profile_dir = Path(to_absolute_path(str(cfg.profile)))
     profile = load_profile(profile_dir)
-    runs = load_schedule_runs(Path(to_absolute_path(str(cfg.runs_dir))))
+    runs_root = Path(to_absolute_path(str(cfg.runs_dir)))
+    runs = load_schedule_runs(runs_root)
     fit_seeds = {int(s) for s in cfg.fit_seeds}
     train = [r for r in runs if r.seed in fit_seeds]
     held = [r for r in runs if r.seed not in fit_seeds]
@@ -144,10 +211,11 @@ def fit_schedules_app(cfg: DictConfig) -> float:
     shutil.copytree(profile_dir, tmp)
     doc = {"generated_by": COMMAND, "models": [asdict(fit.params)]}
     (tmp / CONVERGENCE_MODELS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    steps = refit_step_times(tmp, runs_root, runs[0].iterations) if cfg.same_day_step_times else None
     load_profile(tmp)  # refuse to leave a profile the simulator cannot load
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
-    atomic_write_text(Path(to_absolute_path(str(cfg.report))), report(fit, groups, cfg))
+    atomic_write_text(Path(to_absolute_path(str(cfg.report))), report(fit, groups, cfg, steps))
     return float(rmse(fit.params, held)) if held else float(fit.rmse_after)
 
 

@@ -21,7 +21,7 @@ def _cfg(tmp_path: Path, *overrides: str):
                 "real=false",
                 "sim_seeds=[0,1]",
                 "time_budget_s=12",
-                "schedules=[static-32,static-128,dec-128-32]",
+                "schedules=[static-32,static-64,static-128,dec-128-32]",
                 f"out_dir={tmp_path / 'out'}",
                 f"report={tmp_path / 'schedules.md'}",
                 "progress=false",
@@ -35,7 +35,7 @@ def test_simulated_campaign_resumes_and_rerenders(tmp_path):
     schedules_app(cfg)
     schedules_app(cfg)  # resumes: nothing left to run
     runs = sorted((tmp_path / "out" / "runs").glob("*.json"))
-    assert len(runs) == 2 * 2 * 3  # regimes x seeds x schedules
+    assert len(runs) == 2 * 2 * 4  # regimes x seeds x schedules
     meta = json.loads((tmp_path / "out" / "schedules.json").read_text())
     assert meta["ran"] == 0 and len(meta["conditions_history"]) == 2  # the second call measured nothing
     md = (tmp_path / "schedules.md").read_text()
@@ -66,7 +66,7 @@ def test_fit_schedules_writes_a_loadable_refit_profile_and_its_report(tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("fit_schedules", overrides=[
             f"runs_dir={tmp_path / 'out'}", f"out_profile={tmp_path / 'refit'}",
-            f"report={tmp_path / 'fit.md'}", "fit_seeds=[0]",
+            f"report={tmp_path / 'fit.md'}", "fit_seeds=[0]", "same_day_step_times=true",
         ])  # fmt: skip
     held_rmse = fit_schedules_app(cfg)
     assert 0.0 <= held_rmse < 0.05  # seed 1's noise around the same model
@@ -74,3 +74,5 @@ def test_fit_schedules_writes_a_loadable_refit_profile_and_its_report(tmp_path):
     assert refit.workload == load_profile(CONF.parent / "results" / "fidelity" / "profile").workload
     assert "| held-out seeds |" in (tmp_path / "fit.md").read_text()
     assert not (tmp_path / "refit.tmp").exists()
+    assert "Step times refitted from the campaign's own static real runs" in (tmp_path / "fit.md").read_text()
+    assert refit.simulator["interval_overhead_s"] > 0

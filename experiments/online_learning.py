@@ -37,11 +37,11 @@ from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
-from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
+from dynamix_gym.service.learner import LearnerConfig
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, atomic_write_text, plain
-from experiments.serve import make_validator
+from experiments.serve import attach_learner
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +145,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     import shutil
 
     shutil.rmtree(out / "versions", ignore_errors=True)
-    learner = OnlineLearner(
-        store,
-        "default",
-        out / "versions",
-        make_validator(plain(cfg.validation)),
-        LearnerConfig(**plain(cfg.learner)),
-        rng=np.random.default_rng(int(cfg.seed) + 1),
-        log=service.log,
-    )
-    service.learner = learner
+    learner = attach_learner(cfg, store, service, out / "versions")
     server, port = build_server(service, token, port=0, threads=8)
     server.start()
     address = f"127.0.0.1:{port}"

@@ -77,6 +77,22 @@ def make_validator(validation: dict[str, Any]):
     return validate
 
 
+def attach_learner(cfg: DictConfig, store: Any, service: Any, versions: Path) -> OnlineLearner:
+    """The online learner of ``cfg.learner`` / ``cfg.validation`` over the store's default bundle,
+    its candidates kept under ``versions``, attached to ``service`` (the one place both apps build it)."""
+    learner = OnlineLearner(
+        store,
+        "default",
+        versions,
+        make_validator(plain(cfg.validation)),
+        LearnerConfig(**plain(cfg.learner)),
+        rng=np.random.default_rng(int(cfg.seed) + 1),
+        log=service.log,
+    )
+    service.learner = learner
+    return learner
+
+
 def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the service until SIGTERM / SIGINT or ``max_runtime_s``; returns its counters."""
     if "token" in cfg:
@@ -105,16 +121,7 @@ def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
     stop = threading.Event()
     learner_thread = None
     if learn:
-        learner = OnlineLearner(
-            store,
-            "default",
-            out / "versions",
-            make_validator(plain(cfg.validation)),
-            LearnerConfig(**plain(cfg.learner)),
-            rng=np.random.default_rng(int(cfg.seed) + 1),
-            log=service.log,
-        )
-        service.learner = learner
+        learner = attach_learner(cfg, store, service, out / "versions")
         learner_thread = threading.Thread(target=learner.run, args=(stop,), name="learner", daemon=True)
     server, port = build_server(
         service,

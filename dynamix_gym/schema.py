@@ -199,7 +199,19 @@ _W = {f.name: i for i, f in enumerate(WORKER_FEATURES)}
 _SPEED_RATIO_DEAD = WORKER_FEATURES[_W["speed_ratio"]].low
 
 
-class ObservationEncoder:
+class EncoderBase:
+    """What every schema's encoder holds: the backend spec, the history window and the
+    noise-scale estimator (subclasses set ``schema`` and build their buffers on top)."""
+
+    def __init__(self, spec: BackendSpec, window: int = 4, noise_smoothing: float = 0.2) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.spec = spec
+        self.window = window
+        self.noise = NoiseScaleEstimator(noise_smoothing)
+
+
+class ObservationEncoder(EncoderBase):
     """Turns interval reports into normalised observations; keeps the short history it needs.
 
     A dead worker (``alive`` false) reads idle fraction 0, compute share 0 and the lowest speed
@@ -214,11 +226,7 @@ class ObservationEncoder:
     schema = OBS_SCHEMA
 
     def __init__(self, spec: BackendSpec, window: int = 4, noise_smoothing: float = 0.2) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.spec = spec
-        self.window = window
-        self.noise = NoiseScaleEstimator(noise_smoothing)
+        super().__init__(spec, window, noise_smoothing)
         n = spec.num_workers
         self._log2_max = np.log2(spec.max_batch.astype(np.float64))
         self._log2_min = np.log2(spec.min_batch.astype(np.float64))

@@ -68,8 +68,8 @@ from collections import deque
 
 import numpy as np
 
-from dynamix_gym.schema import Feature, ObservationSchema
-from dynamix_gym.stats import MAX_NOISE_SCALE, NoiseScaleEstimator
+from dynamix_gym.schema import EncoderBase, Feature, ObservationSchema
+from dynamix_gym.stats import MAX_NOISE_SCALE
 from sim.network import TCP_MSS_BYTES
 from sim.protocol import BackendSpec, IntervalReport
 
@@ -189,7 +189,7 @@ _DEAD_ZERO = [_W["compute_share"], _W["idle_fraction"], _W["cpu_util_change"]]
 _PROGRESS_SPAN_FLOOR = 0.01  # a first quality within 1 % of the target still gives a finite progress
 
 
-class ScaleFreeEncoder:
+class ScaleFreeEncoder(EncoderBase):
     """Observation schema 2 (:data:`OBS_SCHEMA_V2`) from interval reports; keeps the run's first
     values and a short history. Same interface as :class:`dynamix_gym.schema.ObservationEncoder`.
 
@@ -202,11 +202,7 @@ class ScaleFreeEncoder:
     schema = OBS_SCHEMA_V2
 
     def __init__(self, spec: BackendSpec, window: int = 4, noise_smoothing: float = 0.2) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.spec = spec
-        self.window = window
-        self.noise = NoiseScaleEstimator(noise_smoothing)
+        super().__init__(spec, window, noise_smoothing)
         n = spec.num_workers
         self._min = spec.min_batch.astype(np.float64)
         self._max = spec.max_batch.astype(np.float64)

@@ -141,6 +141,28 @@ def sim_env(
     )
 
 
+def step_time_check(
+    backend: Any, profile: ClusterProfile, batches: list[int], intervals: int, k: int
+) -> dict:
+    """Measured against predicted compute per iteration on ``backend`` at each local batch of
+    ``batches`` (every worker at it; the first of ``intervals`` intervals is a warm-up): a profile
+    calibrated on another day, or on another machine state, shows here before the campaign runs."""
+    from dynamix_gym.measurement.compare import IterationPredictor
+
+    n = backend.spec.num_workers
+    predictor = IterationPredictor(profile)
+    backend.reset(seed=0)
+    rows = []
+    for b in batches:
+        local = np.full(n, int(b))
+        reports = [backend.run_interval(local, k) for _ in range(intervals)]
+        measured = float(np.median([r.compute_time_s.mean() for r in reports[1:]]))
+        predicted = float(predictor.compute_time_s(local, (1.0,) * n).mean())
+        rows.append({"local_batch": int(b), "measured_s": measured, "predicted_s": predicted,
+                     "ratio": predicted / measured})  # fmt: skip
+    return {"rows": rows, "max_drift": float(max(abs(r["ratio"] - 1.0) for r in rows))}
+
+
 def run_one(env: HeteroClusterEnv, schedule: dict[str, Any], seed: int) -> dict[str, Any]:
     """One run of ``schedule``: its summary and its timeline (one row per interval)."""
     ctrl = AccuracyScheduleController(schedule["phases"])
@@ -182,6 +204,22 @@ def campaign(
         conditions["quiet"] = quiet_wait(cfg.quiet)
     reals = RealBackends(task, scenario, budget)
     try:
+        sc = cfg.step_check
+        if sc.enabled and any(t[0] == "real" for t in todo):
+            env = reals.env(regimes[0], interval)
+            check = step_time_check(
+                env.unwrapped.backend, sim_profile, list(sc.batches), int(sc.intervals), interval
+            )
+            conditions["step_check"] = check
+            log.info(
+                "step-time check: simulated / measured compute %s",
+                [round(r["ratio"], 2) for r in check["rows"]],
+            )
+            if check["max_drift"] > float(sc.max_drift) and sc.refuse:
+                raise RuntimeError(
+                    f"step_check: the profile's compute times are off by up to {check['max_drift']:.0%} on this "
+                    f"machine now (max_drift {float(sc.max_drift):.0%}); recalibrate, or set step_check.refuse=false"
+                )
         for backend, regime, s, seed, path in tqdm(todo, desc="schedule runs", disable=not cfg.progress):
             if backend == "real":
                 conditions["loads"].append(os.getloadavg()[0])

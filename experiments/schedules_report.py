@@ -228,6 +228,20 @@ def plot_regime(path: Path, regime: str, res: dict[str, Any], names: Sequence[st
     tmp.replace(path)
 
 
+def step_check_lines(history: list[dict[str, Any]], checks: dict[str, Any]) -> list[str]:
+    """The step-time check of the last campaign that ran one (experiments.schedules.step_time_check)."""
+    found = [c["step_check"] for c in history if c.get("step_check")]
+    if not found:
+        return []
+    check = found[-1]
+    rows = [[r["local_batch"], f"{1000 * r['measured_s']:.2f}", f"{1000 * r['predicted_s']:.2f}", _f(r["ratio"])]
+            for r in check["rows"]]  # fmt: skip
+    verdict = "within" if check["max_drift"] <= float(checks["step_time_rel"]) else "**outside**"
+    return ["Step-time check before the real runs (compute per iteration, every worker at the batch):", "",
+            *_table(["local batch", "measured ms", "profile ms", "profile / measured"], rows), "",
+            f"Largest drift {check['max_drift']:.0%}: {verdict} {float(checks['step_time_rel']):.0%}.", ""]  # fmt: skip
+
+
 def write_report(
     path: Path, result: dict[str, Any], meta: dict[str, Any], profile: ClusterProfile, checks: dict[str, Any]
 ) -> None:
@@ -250,6 +264,7 @@ def write_report(
         "- A schedule's phase starts once validation accuracy has reached its threshold "
         "(`dynamix_gym.controllers.schedule`); a run that misses a target ranks after every run that made it.",
         "",
+        *step_check_lines(hist, checks),
     ]
     for regime, res in result["regimes"].items():
         lines += regime_section(regime, res, result["targets"], checks)

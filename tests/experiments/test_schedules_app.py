@@ -76,3 +76,18 @@ def test_fit_schedules_writes_a_loadable_refit_profile_and_its_report(tmp_path):
     assert not (tmp_path / "refit.tmp").exists()
     assert "Step times refitted from the campaign's own static real runs" in (tmp_path / "fit.md").read_text()
     assert refit.simulator["interval_overhead_s"] > 0
+
+
+def test_step_time_check_compares_measured_compute_with_the_profile():
+    from dynamix_gym.backends.sim_backend import SimBackend
+    from experiments.schedules import quiet_scenario, step_time_check
+    from experiments.schedules_report import step_check_lines
+    from sim.profile import load_profile
+
+    profile = load_profile(CONF.parent / "results" / "fidelity" / "profile")
+    backend = SimBackend(profile=profile, scenario=quiet_scenario(profile, 2))
+    check = step_time_check(backend, profile, [16, 128], intervals=3, k=20)
+    assert [r["local_batch"] for r in check["rows"]] == [16, 128]
+    assert check["max_drift"] < 0.05  # the profile's own simulator: only its compute noise
+    lines = step_check_lines([{"loads": []}, {"step_check": check}], {"step_time_rel": 0.10})
+    assert any("within 10%" in line for line in lines)

@@ -29,7 +29,9 @@ from omegaconf import DictConfig
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
 from sim.convergence import CONVERGENCE_MODELS_FILE
+from sim.datafiles import dump_json
 from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, at_bounds, fit_schedules, rmse
+from sim.fitting.step_time import fit_compute_additive
 from sim.profile import load_profile
 
 COMMAND = "python -m experiments.fit_schedules"
@@ -81,24 +83,19 @@ def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.nd
 
 def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[str, Any]:
     """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place)."""
-    from dataclasses import asdict as as_dict
-
-    from sim.datafiles import dump_json
-    from sim.fitting.step_time import fit_compute_additive
-
     b, t, overhead = same_day_step_times(out_dir, interval)
     doc = json.loads((profile_dir / "compute_models.json").read_text())
     (old,) = doc["models"]
     params, _report = fit_compute_additive(b, t, old["gpu"], old["app"], int(old["max_batch"]))
     doc = {"generated_by": f"{COMMAND} (same-day step times from the static real runs)",
-           "models": [as_dict(params)]}  # fmt: skip
+           "models": [asdict(params)]}  # fmt: skip
     (profile_dir / "compute_models.json").write_text(dump_json(doc))
     prof = json.loads((profile_dir / "profile.json").read_text())
     before = float(prof["simulator"]["interval_overhead_s"])
     prof["simulator"]["interval_overhead_s"] = overhead
     (profile_dir / "profile.json").write_text(dump_json(prof))
     return {"batches": b.tolist(), "compute_s": t.tolist(), "loo_mdape": float(params.loo_mdape),
-            "overhead_s": (before, overhead), "before": old, "after": as_dict(params)}  # fmt: skip
+            "overhead_s": (before, overhead), "before": old, "after": asdict(params)}  # fmt: skip
 
 
 def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:

@@ -33,6 +33,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.measurement.profiling import quiet_wait
 from experiments.common import atomic_write_text
+from experiments.sim2real import RealEnvs, build_scenario, real_config_of
 from sim.convergence import LR_RULES
 from sim.faults import Scenario
 from sim.profile import ClusterProfile, load_profile
@@ -66,57 +67,14 @@ def check_regimes(regimes: Any) -> list[str]:
     return out
 
 
-def real_task(profile: ClusterProfile) -> dict[str, Any]:
-    """The real backend's configuration the profile was measured with (its ``provenance``)."""
-    cfg = ((profile.meta or {}).get("provenance") or {}).get("real_config")
-    if not cfg:
-        raise ValueError(
-            f"profile {profile.name!r} records no provenance.real_config: it was not measured on real ranks"
-        )
-    return dict(cfg)
-
-
 def quiet_scenario(profile: ClusterProfile, workers: int) -> Scenario:
     """No faults, equal speeds, the profile's measured per-iteration compute spread."""
-    cv = float(((profile.meta or {}).get("measured") or {}).get("compute_noise_cv") or 0.03)
-    return Scenario(
-        name="schedules",
-        description="no faults: every rank at full speed",
-        worker_speed=(1.0,) * workers,
-        compute_noise_cv=cv,
-    )
-
-
-class RealBackends:
-    """One real DDP backend per learning-rate regime, started on first use and closed on switching."""
-
-    def __init__(self, task: dict[str, Any], scenario: Scenario, budget_s: float) -> None:
-        self.base = {
-            **task,
-            "scenario": scenario,
-            "fault_time_scale": 1.0,
-            "time_budget_s": budget_s,
-            "target_accuracy": PLATEAU_TARGET,
-        }
-        self.regime: str | None = None
-        self.backend: Any = None
-
-    def env(self, regime: str, interval: int) -> HeteroClusterEnv:
-        from adapters.config import RealDDPConfig
-        from adapters.ddp_backend import DDPBackend
-
-        if regime != self.regime:
-            self.close()
-            self.backend = DDPBackend(RealDDPConfig(**{**self.base, "lr_rule": regime}))
-            self.regime = regime
-        return HeteroClusterEnv(
-            backend=self.backend, action_mode="absolute", interval=interval, reward="time"
-        )
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-        self.backend, self.regime = None, None
+    doc = {
+        "name": "schedules",
+        "description": "no faults: every rank at full speed",
+        "worker_speed": [1.0] * workers,
+    }
+    return build_scenario(doc, profile)
 
 
 def sim_env(
@@ -186,7 +144,7 @@ def campaign(
     """Run what is not saved yet: real runs first (on a quiet machine), then the simulated ones
     (in ``sim_profile``, saved as backend ``cfg.sim_label``)."""
     schedules, regimes = schedule_library(cfg), check_regimes(cfg.regimes)
-    task = real_task(profile)
+    task = real_config_of(profile)
     interval = int(cfg.interval or (profile.meta.get("provenance") or {}).get("interval") or 20)
     budget = float(cfg.time_budget_s)
     scenario = quiet_scenario(profile, int(task.get("workers", 2)))
@@ -202,11 +160,11 @@ def campaign(
     conditions: dict[str, Any] = {"load_start": [round(x, 2) for x in os.getloadavg()], "loads": []}
     if any(t[0] == "real" for t in todo):
         conditions["quiet"] = quiet_wait(cfg.quiet)
-    reals = RealBackends(task, scenario, budget)
+    reals = RealEnvs(task, scenario, budget, target_accuracy=PLATEAU_TARGET)
     try:
         sc = cfg.step_check
         if sc.enabled and any(t[0] == "real" for t in todo):
-            env = reals.env(regimes[0], interval)
+            env = reals.env(None, "absolute", interval, "time", lr_rule=regimes[0])
             check = step_time_check(
                 env.unwrapped.backend, sim_profile, list(sc.batches), int(sc.intervals), interval
             )
@@ -223,7 +181,7 @@ def campaign(
         for backend, regime, s, seed, path in tqdm(todo, desc="schedule runs", disable=not cfg.progress):
             if backend == "real":
                 conditions["loads"].append(os.getloadavg()[0])
-                env = reals.env(regime, interval)
+                env = reals.env(None, "absolute", interval, "time", lr_rule=regime)
             else:
                 env = sim_env(sim_profile, scenario, regime, interval, budget, task)
             rec = run_one(env, s, seed)

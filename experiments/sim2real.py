@@ -51,12 +51,17 @@ def build_scenario(doc: Any, profile: ClusterProfile) -> Scenario:
 def real_profile(ref: str) -> tuple[ClusterProfile, dict[str, Any]]:
     """The profile (a directory or a name) and the real backend config it was measured on."""
     profile = load_profile(Path(to_absolute_path(ref)) if os.sep in ref else ref)
+    return profile, real_config_of(profile)
+
+
+def real_config_of(profile: ClusterProfile) -> dict[str, Any]:
+    """The real backend config ``profile`` was measured on (its provenance.real_config)."""
     real_config = dict((profile.meta.get("provenance") or {}).get("real_config") or {})
     if not real_config:
         raise ValueError(
             f"profile {profile.name!r} was not measured on the real backend (no provenance.real_config)"
         )
-    return profile, real_config
+    return real_config
 
 
 def parse_controller(entry: Any) -> tuple[str, dict[str, Any], str | None]:
@@ -108,22 +113,35 @@ def spec_controller(spec: dict[str, Any]) -> Any:
 
 
 class RealEnvs:
-    """Real DDP backends for the scenario, one per initial batch, kept alive across episodes."""
+    """Real DDP backends for the scenario, one per initial batch and set of config overrides (e.g.
+    ``lr_rule``), kept alive across episodes; ``extra`` fields apply to every backend."""
 
-    def __init__(self, real_config: dict[str, Any], scenario: Scenario, budget_s: float) -> None:
-        self.base = {**real_config, "scenario": scenario, "fault_time_scale": 1.0, "time_budget_s": budget_s}
-        self.backends: dict[int, Any] = {}
+    def __init__(
+        self, real_config: dict[str, Any], scenario: Scenario, budget_s: float, **extra: Any
+    ) -> None:
+        self.base = {
+            **real_config,
+            "scenario": scenario,
+            "fault_time_scale": 1.0,
+            "time_budget_s": budget_s,
+            **extra,
+        }
+        self.backends: dict[tuple, Any] = {}
 
-    def env(self, initial_batch: int, action_mode: str, interval: int, reward: str) -> HeteroClusterEnv:
+    def env(
+        self, initial_batch: int | None, action_mode: str, interval: int, reward: str, **overrides: Any
+    ) -> HeteroClusterEnv:
         from adapters.config import RealDDPConfig
         from adapters.ddp_backend import DDPBackend
 
-        if initial_batch not in self.backends:
-            self.backends[initial_batch] = DDPBackend(
-                RealDDPConfig(**{**self.base, "initial_batch": initial_batch})
+        key = (initial_batch, *sorted(overrides.items()))
+        if key not in self.backends:
+            self.backends[key] = DDPBackend(
+                RealDDPConfig(**{**self.base, "initial_batch": initial_batch, **overrides})
             )
-        be = self.backends[initial_batch]
-        return HeteroClusterEnv(backend=be, action_mode=action_mode, interval=interval, reward=reward)
+        return HeteroClusterEnv(
+            backend=self.backends[key], action_mode=action_mode, interval=interval, reward=reward
+        )
 
     def close(self) -> None:
         for be in self.backends.values():

@@ -28,10 +28,12 @@ from omegaconf import DictConfig
 
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
+from experiments.schedules import LADDER_FILE
 from sim.convergence import CONVERGENCE_MODELS_FILE
 from sim.datafiles import dump_json
 from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, at_bounds, fit_schedules, rmse
-from sim.fitting.step_time import fit_compute_additive
+from sim.fitting.step_time import fit_compute_knee
+from sim.hardware import ComputeModel, ComputeParams
 from sim.profile import load_profile
 
 COMMAND = "python -m experiments.fit_schedules"
@@ -60,9 +62,10 @@ def load_schedule_runs(out_dir: Path, backend: str = "real") -> list[ScheduleRun
 
 
 def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """From the real static runs of the campaign: median compute time per iteration of every
-    worker at each local batch, and the median per-interval overhead (interval time minus K
-    iterations), warm-up intervals excluded; what a ladder measured that day would give."""
+    """From the real static runs of the campaign: at each local batch the median over intervals of
+    the slowest rank's compute time per iteration (what the iteration waits for: at local 256 the
+    ranks part by 30-45 % on this machine, at <= 128 by 1-4 %), and the median per-interval
+    overhead (interval time minus K iterations), warm-up intervals excluded."""
     comp: dict[int, list[float]] = {}
     overhead: list[float] = []
     for path in sorted((out_dir / "runs").glob("real-*.json")):
@@ -71,7 +74,9 @@ def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.nd
             continue
         for row in rec["timeline"][1:]:
             n = sum(1 for k in row if k.endswith("_compute_time_s"))
-            comp.setdefault(int(row["w0_batch"]), []).extend(row[f"w{i}_compute_time_s"] for i in range(n))
+            comp.setdefault(int(row["w0_batch"]), []).append(
+                max(row[f"w{i}_compute_time_s"] for i in range(n))
+            )
             overhead.append(row["interval_time_s"] - interval * row["w0_iteration_time_s"])
     if len(comp) < 3:
         raise ValueError(
@@ -82,11 +87,12 @@ def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.nd
 
 
 def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[str, Any]:
-    """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place)."""
+    """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place):
+    :func:`sim.fitting.step_time.fit_compute_knee` on :func:`same_day_step_times`."""
     b, t, overhead = same_day_step_times(out_dir, interval)
     doc = json.loads((profile_dir / "compute_models.json").read_text())
     (old,) = doc["models"]
-    params, _report = fit_compute_additive(b, t, old["gpu"], old["app"], int(old["max_batch"]))
+    params, fit = fit_compute_knee(b, t, old["gpu"], old["app"], int(old["max_batch"]))
     doc = {"generated_by": f"{COMMAND} (same-day step times from the static real runs)",
            "models": [asdict(params)]}  # fmt: skip
     (profile_dir / "compute_models.json").write_text(dump_json(doc))
@@ -94,8 +100,10 @@ def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[st
     before = float(prof["simulator"]["interval_overhead_s"])
     prof["simulator"]["interval_overhead_s"] = overhead
     (profile_dir / "profile.json").write_text(dump_json(prof))
-    return {"batches": b.tolist(), "compute_s": t.tolist(), "loo_mdape": float(params.loo_mdape),
-            "overhead_s": (before, overhead), "before": old, "after": asdict(params)}  # fmt: skip
+    ladder_file = out_dir / LADDER_FILE
+    ladder = json.loads(ladder_file.read_text()) if ladder_file.exists() else None
+    return {"batches": b.tolist(), "compute_s": t.tolist(), "fit": fit, "overhead_s": (before, overhead),
+            "before": old, "after": asdict(params), "ladder": ladder}  # fmt: skip
 
 
 def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
@@ -113,6 +121,10 @@ def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
     return out
 
 
+def _num(x: float | None) -> str:
+    return "none (no limit)" if x is None else f"{x:.4g}"
+
+
 def _pts(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.1f}"
 
@@ -120,20 +132,40 @@ def _pts(x: float) -> str:
 def step_lines(steps: dict[str, Any] | None) -> list[str]:
     if steps is None:
         return ["Step times: the profile's (same_day_step_times=false).", ""]
-    rows = [[int(b), f"{1000 * t:.2f}"] for b, t in zip(steps["batches"], steps["compute_s"], strict=True)]
-    a, z = steps["before"], steps["after"]
-    return [
+    a, z, fit = steps["before"], steps["after"], steps["fit"]
+    model = ComputeModel(
+        ComputeParams(**{k: v for k, v in z.items() if k in ComputeParams.__dataclass_fields__})
+    )
+    rows = [[int(b), f"{1000 * t:.2f}", f"{1000 * float(model.compute_time_s(b)):.2f}", f"{100 * r:+.1f}"]
+            for b, t, r in zip(steps["batches"], steps["compute_s"], fit["residual"], strict=True)]  # fmt: skip
+    knee = z.get("knee_batch")
+    knee_text = (f"+ {1e3 * z['knee_beta_s']:.4f} ms/sample past local batch {knee:g}" if knee is not None
+                 else "no knee")  # fmt: skip
+    lines = [
         "Step times refitted from the campaign's own static real runs (what a ladder measured that day gives;",
-        "the schedules whose batch changes are not used): median compute per iteration and worker,",
+        "the schedules whose batch changes are not used): median over intervals of the slowest rank's compute",
+        "per iteration, the time the iteration waits for,",
         "",
-        *table(["local batch", "compute (ms)"], rows),
+        *table(["local batch", "measured (ms)", "model (ms)", "model error"], rows),
         "",
         f"compute model alpha {1000 * a['alpha_s']:.2f} -> {1000 * z['alpha_s']:.2f} ms, beta {1e3 * a['beta_s']:.4f} -> "
-        f"{1e3 * z['beta_s']:.4f} ms/sample^e, exponent {a['exponent']:.3f} -> {z['exponent']:.3f} (leave-one-batch-out "
-        f"MdAPE {100 * steps['loo_mdape']:.1f} %); interval overhead {steps['overhead_s'][0]:.3f} -> "
-        f"{steps['overhead_s'][1]:.3f} s.",
+        f"{1e3 * z['beta_s']:.4f} ms/sample^e, exponent {a['exponent']:.3f} -> {z['exponent']:.3f}, {knee_text} "
+        f"({fit['rule']}); interval overhead {steps['overhead_s'][0]:.3f} -> {steps['overhead_s'][1]:.3f} s.",
         "",
     ]
+    lad = steps.get("ladder")
+    if lad:
+        lrows = [[r["local_batch"], f"{1e3 * r['measured_s']:.1f}", f"{1e3 * r.get('measured_max_s', math.nan):.1f}"]
+                 for r in lad["rows"]]  # fmt: skip
+        lines += [
+            f"A finer ladder on the same backend at {lad['measured_utc']} (`ladder.enabled=true`; "
+            f"{lad['intervals']} intervals of K = {lad['interval']} per batch, the first a warm-up; "
+            f"1-minute load {lad['load_start']:.2f} -> {lad['load_end']:.2f}), not used by the fit:",
+            "",
+            *table(["local batch", "ranks' mean (ms)", "slowest rank (ms)"], lrows),
+            "",
+        ]
+    return lines
 
 
 def report(
@@ -146,10 +178,13 @@ def report(
         if name == "shape_scale":
             b, a = before.shape_x[-1], after.shape_x[-1]
             label = "shape end (progress to the plateau, base steps)"
+        elif name == "log_noise_scale_factor":
+            b, a = 1.0, math.exp(after.log_grad_var[0] - before.log_grad_var[0])
+            label = "gradient-noise scale factor"
         else:
             b, a = getattr(before, key), getattr(after, key)
             label = key
-        rows.append([label, f"{b:.4g}", f"{a:.4g}"])
+        rows.append([label, _num(b), _num(a)])
     err = [[label, len(runs), _pts(rmse(before, runs)), _pts(rmse(after, runs))]
            for label, runs in groups.items() if runs]  # fmt: skip
     cmd = f"`{COMMAND} fit_seeds={list(cfg.fit_seeds)}`"

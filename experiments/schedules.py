@@ -104,7 +104,9 @@ def step_time_check(
 ) -> dict:
     """Measured against predicted compute per iteration on ``backend`` at each local batch of
     ``batches`` (every worker at it; the first of ``intervals`` intervals is a warm-up): a profile
-    calibrated on another day, or on another machine state, shows here before the campaign runs."""
+    calibrated on another day, or on another machine state, shows here before the campaign runs.
+    Per batch: the median over intervals of the ranks' mean compute (``measured_s``, against the
+    prediction) and of the slowest rank's (``measured_max_s``, what the iteration waits for)."""
     from dynamix_gym.measurement.compare import IterationPredictor
 
     n = backend.spec.num_workers
@@ -115,9 +117,10 @@ def step_time_check(
         local = np.full(n, int(b))
         reports = [backend.run_interval(local, k) for _ in range(intervals)]
         measured = float(np.median([r.compute_time_s.mean() for r in reports[1:]]))
+        slowest = float(np.median([r.compute_time_s.max() for r in reports[1:]]))
         predicted = float(predictor.compute_time_s(local, (1.0,) * n).mean())
-        rows.append({"local_batch": int(b), "measured_s": measured, "predicted_s": predicted,
-                     "ratio": predicted / measured})  # fmt: skip
+        rows.append({"local_batch": int(b), "measured_s": measured, "measured_max_s": slowest,
+                     "predicted_s": predicted, "ratio": predicted / measured})  # fmt: skip
     return {"rows": rows, "max_drift": float(max(abs(r["ratio"] - 1.0) for r in rows))}
 
 
@@ -127,6 +130,10 @@ def run_one(env: HeteroClusterEnv, schedule: dict[str, Any], seed: int) -> dict[
     res = run_episode(env, ctrl, seed, scenario="schedules")
     keep = ("total_time_s", "final_accuracy", "decisions", "batch_changes", "decision_time_ms")
     return {"summary": {k: res.summary[k] for k in keep}, "timeline": res.timeline}
+
+
+#: The fine step-time ladder of the real backend (``ladder`` in conf/schedules.yaml) under ``out_dir``.
+LADDER_FILE = "step_ladder.json"
 
 
 def run_path(out: Path, backend: str, regime: str, name: str, seed: int) -> Path:
@@ -178,6 +185,20 @@ def campaign(
                     f"step_check: the profile's compute times are off by up to {check['max_drift']:.0%} on this "
                     f"machine now (max_drift {float(sc.max_drift):.0%}); recalibrate, or set step_check.refuse=false"
                 )
+        lad = cfg.get("ladder")
+        if lad is not None and lad.enabled and cfg.real and not (out / LADDER_FILE).exists():
+            conditions.setdefault("quiet", quiet_wait(cfg.quiet))
+            env = reals.env(None, "absolute", interval, "time", lr_rule=regimes[0])
+            load0 = os.getloadavg()[0]
+            rows = step_time_check(
+                env.unwrapped.backend, sim_profile, list(lad.batches), int(lad.intervals), interval
+            )
+            doc = {**rows, "interval": interval, "intervals": int(lad.intervals), "load_start": load0,
+                   "load_end": os.getloadavg()[0], "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            save_run(out / LADDER_FILE, doc)
+            log.info(
+                "step ladder: %s", [(r["local_batch"], round(1e3 * r["measured_s"], 2)) for r in rows["rows"]]
+            )
         for backend, regime, s, seed, path in tqdm(todo, desc="schedule runs", disable=not cfg.progress):
             if backend == "real":
                 conditions["loads"].append(os.getloadavg()[0])

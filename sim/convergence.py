@@ -17,7 +17,9 @@ The statistics are held constant outside the fitted knots. r_ada lies in [1, M /
 a batch of M is worth at most M / M0 base steps, and at least one. Without learning-rate scaling
 (``none``) a larger batch only lowers the gradient noise of a base-LR step, so its gain is at most
 that of the sqrt rule (none_exponent <= 1/2); none_exponent = 0 is one base step per step.
-Hence r_adascale = r_linear >= r_sqrt >= r_none >= min(1, r_ada).
+Hence r_adascale = r_linear >= r_sqrt >= r_none >= min(1, r_ada), before the learning-rate
+stability factor ``sim.scaling.lr_stability`` (``lr_stable_gain``, ``lr_unstable_exponent``; no
+limit unless fitted), which can make a rule that raises the learning rate slower than ``none``.
 
 "Accuracy" below is the workload's validation quality, a fraction that rises as the model trains:
 the accuracy itself for the shipped workloads, any other metric (a falling WER or loss too) mapped
@@ -38,14 +40,14 @@ in progress units of the reference batch. A static run has m = log2(M).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 from scipy.interpolate import PchipInterpolator
 
 from sim.datafiles import data_path, load_param_table
-from sim.scaling import LR_RULES, adascale_gain, progress_gain, statistical_efficiency
+from sim.scaling import LR_RULES, adascale_gain, lr_stability, progress_gain, statistical_efficiency
 from sim.validation import check_choice, check_positive, check_range
 
 CONVERGENCE_MODELS_FILE = "convergence_models.json"
@@ -75,6 +77,10 @@ class ConvergenceParams:
     shape_y: tuple[float, ...]
     batch_memory_progress: float
     none_exponent: float = 0.0  # lr_rule "none": gain (M / M0) ** none_exponent, capped by r_ada
+    # Parameters added after plans were cached against this model's repr: kept out of the repr so
+    # that at their defaults (the model unchanged) the cached plans' keys stay (see model_extras).
+    lr_stable_gain: float | None = field(default=None, repr=False)  # g_s of sim.scaling.lr_stability
+    lr_unstable_exponent: float = field(default=1.0, repr=False)  # q of sim.scaling.lr_stability
     train_gap: float = 0.0  # training-batch accuracy above validation accuracy, at the end
     fit_rmse: float = float("nan")  # RMSE of accuracy over the traces, metric units
 
@@ -104,7 +110,16 @@ class ConvergenceParams:
         check_positive(f"{n}.ref_batch", self.ref_batch)
         check_positive(f"{n}.batch_memory_progress", self.batch_memory_progress)
         check_range(f"{n}.none_exponent", self.none_exponent, 0.0, 0.5)
+        if self.lr_stable_gain is not None:
+            check_range(f"{n}.lr_stable_gain", self.lr_stable_gain, 1.0)
+        check_range(f"{n}.lr_unstable_exponent", self.lr_unstable_exponent, 0.0, 10.0)
         check_range(f"{n}.train_gap", self.train_gap, 0.0, 1.0)
+
+    def model_extras(self) -> dict[str, float]:
+        """The fields outside the repr whose values differ from their defaults (they change the
+        model, so whatever is keyed by the repr must add them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not f.repr and getattr(self, f.name) != f.default}  # fmt: skip
 
 
 def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:
@@ -158,7 +173,9 @@ class ConvergenceModel:
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         """Base-batch steps advanced by one optimiser step at ``global_batch`` (rule dependent)."""
         b = self.noise_scale(progress)
-        return progress_gain(self.lr_rule, global_batch, self.base_batch, b, self.params.none_exponent)
+        p = self.params
+        return progress_gain(self.lr_rule, global_batch, self.base_batch, b, p.none_exponent,
+                             p.lr_stable_gain, p.lr_unstable_exponent)  # fmt: skip
 
     def noise_scale_many(self, progress: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`noise_scale` (for fitting and analysis, not the hot path)."""
@@ -170,10 +187,14 @@ class ConvergenceModel:
         b = self.noise_scale_many(progress)
         scale = m / self.base_batch
         r_ada = adascale_gain(m, self.base_batch, b)
-        if self.lr_rule in ("adascale", "linear"):
-            return r_ada
-        cap = np.sqrt(scale) if self.lr_rule == "sqrt" else scale**self.params.none_exponent
-        return np.minimum(cap, r_ada)
+        p = self.params
+        if self.lr_rule == "none":
+            return np.minimum(scale**p.none_exponent, r_ada)
+        if self.lr_rule == "sqrt":
+            r, g = np.minimum(np.sqrt(scale), r_ada), np.sqrt(scale)
+        else:
+            r, g = r_ada, (r_ada if self.lr_rule == "adascale" else scale)
+        return r * lr_stability(g, p.lr_stable_gain, p.lr_unstable_exponent)
 
     # --- accuracy --------------------------------------------------------------------------------
     def initial_batch_memory(self, global_batch: float) -> float:

@@ -125,6 +125,9 @@ class Simulator:
         self._alpha = np.array([p.alpha_s for p in cps]) * wl.flops_scale
         self._beta = np.array([p.beta_s for p in cps]) * wl.flops_scale
         self._exponent = np.array([p.exponent for p in cps])
+        self._has_knee = any(p.knee_batch is not None for p in cps)
+        self._knee_b = np.array([np.inf if p.knee_batch is None else p.knee_batch for p in cps])
+        self._knee_beta = np.array([p.knee_beta_s for p in cps]) * wl.flops_scale
         self._host = np.array([p.host_s for p in cps])
         self._k = np.array([p.k for p in cps])
         self.max_batch = np.array([p.max_batch for p in cps], dtype=np.int64)
@@ -265,8 +268,17 @@ class Simulator:
         return self._comm_cache[key]
 
     def _gpu_time_s(self, b: np.ndarray) -> np.ndarray:
-        # T_gpu(b) = alpha + beta * b ** exponent  (per worker, FLOP-scaled)
-        return self._alpha + self._beta * b**self._exponent
+        # T_gpu(b) = alpha + beta * b ** exponent [+ knee_beta * max(0, b - knee)]  (per worker, FLOP-scaled)
+        t = self._alpha + self._beta * b**self._exponent
+        if self._has_knee:
+            t = t + self._knee_beta * np.maximum(0.0, b - self._knee_b)
+        return t
+
+    def compute_extras(self) -> dict[str, list[float]]:
+        """The compute-model terms beyond alpha, beta and the exponent that are in use (none: {})."""
+        if not self._has_knee:
+            return {}
+        return {"knee_batch": self._knee_b.tolist(), "knee_beta_s": self._knee_beta.tolist()}
 
     def compute_time_s(self, local_batches: np.ndarray) -> np.ndarray:
         """Noise-free compute time per worker at the current fault state (ground truth)."""

@@ -32,6 +32,9 @@ class ComputeParams:
     """Fitted compute model of one (GPU type, application).
 
     T_gpu(b)     = alpha_s + beta_s * b ** exponent            # launch overhead + per-sample GPU work
+                   + knee_beta_s * max(0, b - knee_batch)      # extra per-sample cost past a knee
+                                                               # (working set out of cache; no knee
+                                                               # unless fitted)
     T_host       = host_s                                      # host / input-pipeline floor per step
     T_compute(b) = (T_host ** k + T_gpu(b) ** k) ** (1 / k)    # smooth max: flat host-bound region at
                                                                # small batches, GPU-bound beyond it
@@ -48,6 +51,8 @@ class ComputeParams:
     min_batch: int = 1
     loo_mdape: float = float("nan")  # leave-one-batch-size-out median abs. percentage error
     fit_mape: float = float("nan")  # in-sample mean abs. percentage error
+    knee_batch: float | None = None  # local batch past which knee_beta_s is added per sample
+    knee_beta_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_range(f"{self.gpu}/{self.app}.alpha_s", self.alpha_s, 0.0)
@@ -56,6 +61,17 @@ class ComputeParams:
         check_range(f"{self.gpu}/{self.app}.host_s", self.host_s, 0.0)
         check_range(f"{self.gpu}/{self.app}.k", self.k, 1.0, 64.0)
         check_range(f"{self.gpu}/{self.app}.max_batch", self.max_batch, 1)
+        check_range(f"{self.gpu}/{self.app}.knee_beta_s", self.knee_beta_s, 0.0)
+        if self.knee_batch is not None:
+            check_range(f"{self.gpu}/{self.app}.knee_batch", self.knee_batch, 1.0)
+        elif self.knee_beta_s != 0.0:
+            raise ValueError(f"{self.gpu}/{self.app}.knee_beta_s is {self.knee_beta_s} without a knee_batch")
+
+    def knee_time_s(self, b: np.ndarray | float) -> np.ndarray | float:
+        """The extra per-step time past the knee (0 without one)."""
+        if self.knee_batch is None:
+            return 0.0
+        return self.knee_beta_s * np.maximum(0.0, np.asarray(b, dtype=np.float64) - self.knee_batch)
 
 
 class ComputeModel:
@@ -70,7 +86,7 @@ class ComputeModel:
     def gpu_time_s(self, local_batch: np.ndarray | float) -> np.ndarray:
         p = self.params
         b = np.asarray(local_batch, dtype=np.float64)
-        return (p.alpha_s + p.beta_s * b**p.exponent) * self.flops_scale
+        return (p.alpha_s + p.beta_s * b**p.exponent + p.knee_time_s(b)) * self.flops_scale
 
     def host_time_s(self) -> float:
         return self.params.host_s

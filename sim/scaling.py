@@ -20,6 +20,17 @@ Learning-rate rules (:data:`LR_RULES`), as the multiplier of the base learning r
 Before the first noise-scale estimate AdaScale's learning-rate gain is taken as 1 (the base
 learning rate, the conservative end of its range).
 
+A learning rate far above the base one trains worse than the rules' gain says (real AdaScale runs
+at 8-16x the base batch on the CPU task: slower than no scaling at all, and one seed in four
+diverged; ``results/fidelity/schedules_fit.md``). :func:`lr_stability` is that loss as a factor on
+the progress per step of a rule whose learning rate is ``g`` times the base one:
+
+    S(g) = 1                      for g <= g_s       (g_s = ``stable_gain``; None: no limit)
+    S(g) = (g_s / g) ** q         for g >  g_s       (q = ``unstable_exponent``)
+
+so that with q = 1 a rule's gain saturates at g_s and with q > 1 it falls beyond it. The rule
+``none`` never raises the learning rate (g = 1), so S = 1 for it.
+
 :func:`advance` is the midpoint rule over ``n`` steps at a fixed batch:
 ``dp = n * r(p + n r(p) / 2)``.
 """
@@ -50,17 +61,40 @@ def estimated_adascale_gain(global_batch: float, base_batch: float, noise_scale:
     return adascale_gain(global_batch, base_batch, max(float(noise_scale), 0.0))
 
 
+def lr_stability(lr_multiplier, stable_gain: float | None, unstable_exponent: float = 1.0):
+    """S(g): the progress factor of a learning rate ``lr_multiplier`` (g) times the base one (floats
+    or numpy arrays); 1 when ``stable_gain`` is None or g <= ``stable_gain``."""
+    if stable_gain is None:
+        return 1.0
+    import numpy as np  # only the fitted, finite-limit path needs it
+
+    g = np.maximum(np.asarray(lr_multiplier, dtype=float), stable_gain)
+    out = (stable_gain / g) ** unstable_exponent
+    return float(out) if out.ndim == 0 else out
+
+
 def progress_gain(
-    rule: str, global_batch: float, base_batch: float, noise_scale: float, none_exponent: float
+    rule: str,
+    global_batch: float,
+    base_batch: float,
+    noise_scale: float,
+    none_exponent: float,
+    stable_gain: float | None = None,
+    unstable_exponent: float = 1.0,
 ):
-    """Base-batch steps advanced by one optimiser step under ``rule`` (scalars)."""
+    """Base-batch steps advanced by one optimiser step under ``rule`` (scalars), times
+    :func:`lr_stability` of the rule's learning-rate multiplier."""
     scale = global_batch / base_batch
     r_ada = adascale_gain(global_batch, base_batch, noise_scale)
-    if rule in ("adascale", "linear"):
-        return r_ada
+    if rule == "none":
+        return min(scale**none_exponent, r_ada)
     if rule == "sqrt":
-        return min(math.sqrt(scale), r_ada)
-    return min(scale**none_exponent, r_ada)
+        r, g = min(math.sqrt(scale), r_ada), math.sqrt(scale)
+    else:
+        r, g = r_ada, (r_ada if rule == "adascale" else scale)
+    if stable_gain is None or g <= stable_gain:
+        return r
+    return r * (stable_gain / g) ** unstable_exponent
 
 
 def lr_gain(rule: str, global_batch: int, base_batch: int, noise_scale: float | None) -> float:

@@ -3,6 +3,7 @@ the fit of a profile's measured table and the held-out check of the fitted step 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,3 +168,63 @@ def holdout_errors(
         "held_out_batches": sorted({int(b) for b in test_rows["local_batch"]}),
         "fit": {"compute": computes, "comm": comms},
     }
+
+
+#: When :func:`fit_compute_knee` keeps a knee.
+KNEE_RULE = (
+    "a knee (an extra per-sample cost past a local batch: the working set out of cache) is kept when "
+    "it lowers the robust relative error of the exponent-1 additive model by at least a third, with a "
+    "measured batch past it (its slope is then that batch's excess over the line below the knee)"
+)
+
+
+def fit_compute_knee(
+    local_batch: Sequence[float],
+    compute_time_s: Sequence[float],
+    gpu: str,
+    app: str,
+    max_batch: int | None = None,
+) -> tuple[ComputeParams, dict[str, Any]]:
+    """``T(b) = alpha_s + beta_s * b + knee_beta_s * max(0, b - knee_batch)`` (host_s = 0, exponent 1)
+    by robust least squares on relative error (scipy, soft-L1), the knee on a grid between the
+    measured batches, or no knee at all by :data:`KNEE_RULE`. Repeated batches are separate rows
+    (a ladder beside a campaign's medians). Returns the parameters and the fit's figures (relative
+    residual per row, with and without the knee)."""
+    from scipy.optimize import least_squares
+
+    b = np.asarray(local_batch, dtype=np.float64)
+    t = np.asarray(compute_time_s, dtype=np.float64)
+    if b.size < 3 or b.size != t.size or np.any(t <= 0) or np.any(b < 1):
+        raise ValueError(f"{gpu}/{app}: a knee fit needs >= 3 (batch >= 1, time > 0) rows, got {b.size}")
+
+    def solve(knee: float | None) -> tuple[np.ndarray, float, np.ndarray]:
+        cols = [np.ones_like(b), b] + ([np.maximum(0.0, b - knee)] if knee is not None else [])
+        a = np.stack(cols, axis=1) / t[:, None]
+        x0 = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0].clip(1e-9)
+        res = least_squares(lambda x: a @ x - 1.0, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.05)
+        rel = a @ res.x - 1.0
+        return res.x, float(res.cost), rel
+
+    distinct = np.unique(b)
+    x_plain, cost_plain, rel_plain = solve(None)
+    best = (None, x_plain, cost_plain, rel_plain)
+    for lo, hi in itertools.pairwise(distinct):
+        for knee in (lo, 0.5 * (lo + hi)):
+            if int(np.sum(distinct > knee)) < 1:
+                continue
+            x, cost, rel = solve(float(knee))
+            if cost < best[2]:
+                best = (float(knee), x, cost, rel)
+    knee, x, cost, rel = best
+    if knee is not None and cost > (2.0 / 3.0) * cost_plain:
+        knee, x, rel = None, x_plain, rel_plain
+    alpha, beta = float(x[0]), float(max(x[1], 1e-12))
+    gamma = float(x[2]) if knee is not None else 0.0
+    params = ComputeParams(
+        gpu=gpu, app=app, alpha_s=alpha, beta_s=beta, exponent=1.0, host_s=0.0, k=1.0,
+        max_batch=int(max_batch or b.max()), min_batch=1,
+        fit_mape=float(np.mean(np.abs(rel))), knee_batch=knee, knee_beta_s=gamma,
+    )  # fmt: skip
+    report = {"rule": KNEE_RULE, "knee_batch": knee, "cost_plain": cost_plain, "cost": cost,
+              "residual_plain": rel_plain.tolist(), "residual": rel.tolist()}  # fmt: skip
+    return params, report

@@ -91,3 +91,26 @@ def test_step_time_check_compares_measured_compute_with_the_profile():
     assert check["max_drift"] < 0.05  # the profile's own simulator: only its compute noise
     lines = step_check_lines([{"loads": []}, {"step_check": check}], {"step_time_rel": 0.10})
     assert any("within 10%" in line for line in lines)
+
+
+RESULTS = CONF.parent / "results" / "fidelity"
+
+
+@pytest.mark.parametrize(
+    ("profile", "passes"),
+    [("profile_schedules_sameday", True), ("profile", False)],
+)
+def test_the_same_day_refit_ranks_the_committed_real_schedules(tmp_path, profile, passes):
+    """The committed real runs against the simulator in a profile (4 seeds): the same-day refit
+    ranks the schedules as the real runs do in both learning-rate regimes (Kendall's tau >= 0.8),
+    the shipped profile (before the refit) does not."""
+    import shutil
+
+    runs = tmp_path / "out" / "runs"
+    runs.mkdir(parents=True)
+    for p in (RESULTS / "schedules" / "runs").glob("real-*.json"):
+        shutil.copy(p, runs / p.name)
+    cfg = _cfg(tmp_path, "real=true", "sim_seeds=[0,1,2,3]", "time_budget_s=30", "schedules=null",
+               f"sim_profile={RESULTS / profile}", "step_check.enabled=false")  # fmt: skip
+    tau = schedules_app(cfg)
+    assert (tau >= 0.8) is passes, tau

@@ -341,3 +341,29 @@ def test_outputs_finite_and_in_range(app, rule, batch, frac, mem, new_batch, dp)
     new_mem = model.update_batch_memory(mem, new_batch, dp)
     lo, hi = sorted((mem, math.log2(new_batch)))
     assert lo - 1e-9 <= new_mem <= hi + 1e-9
+
+
+def test_lr_limit_acts_alike_in_the_scalar_and_the_vector_path_and_stays_out_of_the_repr():
+    from dataclasses import replace
+
+    base = convergence_params("cifar10")
+    limited = replace(base, lr_stable_gain=2.0, lr_unstable_exponent=1.5)
+    assert repr(limited) == repr(base)  # cached plans keyed by the repr keep their keys ...
+    assert base.model_extras() == {} and limited.model_extras() == {
+        "lr_stable_gain": 2.0,
+        "lr_unstable_exponent": 1.5,
+    }
+    m = np.array([64.0, 512.0, 4096.0])
+    p = np.array([100.0, 1000.0, 3000.0])
+    for rule in ("adascale", "linear", "sqrt", "none"):
+        cm, cb = ConvergenceModel(limited, rule), ConvergenceModel(base, rule)
+        scalar = [cm.progress_per_step(a, b) for a, b in zip(m, p, strict=True)]
+        np.testing.assert_allclose(cm.progress_per_step_many(m, p), scalar, rtol=1e-12)
+        if rule == "none":
+            np.testing.assert_array_equal(
+                scalar, [cb.progress_per_step(a, b) for a, b in zip(m, p, strict=True)]
+            )
+        else:
+            assert scalar[-1] < cb.progress_per_step(m[-1], p[-1])
+    with pytest.raises(ValueError, match="lr_stable_gain"):
+        replace(base, lr_stable_gain=0.5)

@@ -13,6 +13,7 @@ from sim.scaling import (
     advance,
     estimated_adascale_gain,
     lr_gain,
+    lr_stability,
     progress_gain,
     statistical_efficiency,
 )
@@ -78,3 +79,23 @@ def test_advance_is_the_midpoint_rule():
     # exact for a constant rate
     assert advance(lambda b, p: 2.5, 64, 0.0, 8) == 20.0
     assert math.isclose(advance(lambda b, p: 1.0, 64, 3.0, 0), 0.0)
+
+
+def test_lr_stability_limits_the_rules_that_raise_the_learning_rate():
+    assert lr_stability(50.0, None) == 1.0  # no limit
+    assert lr_stability(1.5, 2.0, 1.0) == 1.0
+    assert lr_stability(8.0, 2.0, 1.0) == pytest.approx(0.25)
+    assert lr_stability(8.0, 2.0, 2.0) == pytest.approx(1 / 16)
+    np.testing.assert_allclose(lr_stability(np.array([1.0, 4.0]), 2.0, 1.0), [1.0, 0.5])
+    m, m0, b = 512.0, 32.0, 200.0
+    r_ada = adascale_gain(m, m0, b)
+    # AdaScale's learning rate is r_ada times the base one: with q = 1 its gain saturates at the limit
+    assert progress_gain("adascale", m, m0, b, 0.0, 2.0, 1.0) == pytest.approx(2.0)
+    assert progress_gain("adascale", m, m0, b, 0.0, 2.0, 2.0) == pytest.approx(r_ada * (2.0 / r_ada) ** 2)
+    assert progress_gain("linear", m, m0, b, 0.0, 2.0, 1.0) == pytest.approx(r_ada * 2.0 / 16.0)
+    assert progress_gain("sqrt", m, m0, b, 0.0, 2.0, 1.0) == pytest.approx(min(4.0, r_ada) * 2.0 / 4.0)
+    # `none` never raises the learning rate: no limit applies, and it can beat a limited AdaScale
+    none = progress_gain("none", m, m0, b, 0.5, 2.0, 3.0)
+    assert none == progress_gain("none", m, m0, b, 0.5) > progress_gain("adascale", m, m0, b, 0.5, 2.0, 3.0)
+    # below the limit nothing changes
+    assert progress_gain("adascale", 40.0, m0, b, 0.0, 2.0, 1.0) == adascale_gain(40.0, m0, b)

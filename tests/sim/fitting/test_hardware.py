@@ -489,3 +489,50 @@ def test_entry_point_writes_deterministic_loadable_files(tmp_path: Path) -> None
     assert "| SYN | floored | 1-GPU |" in md
     assert "## Data caveats" in md
     assert report["pairs"][0]["compute_source"] == "one-GPU step_time_s"
+
+
+def test_knee_fit_finds_a_cache_cliff_and_keeps_a_straight_line_straight():
+    from sim.fitting.step_time import fit_compute_knee
+    from sim.hardware import ComputeParams
+
+    b = np.array([16.0, 32.0, 64.0, 128.0, 192.0, 256.0])
+    line = 2e-3 + 3e-4 * b
+    cliff = line + 5e-4 * np.maximum(0.0, b - 160.0)
+    p, rep = fit_compute_knee(b, line, "cpu", "x", 256)
+    assert p.knee_batch is None and p.knee_beta_s == 0.0 and p.beta_s == pytest.approx(3e-4, rel=1e-3)
+    p, rep = fit_compute_knee(b, cliff, "cpu", "x", 256)
+    assert p.knee_batch is not None and 128 <= p.knee_batch <= 192
+    model = ComputeModel(p).compute_time_s(b)
+    np.testing.assert_allclose(model, cliff, rtol=0.05)
+    assert max(abs(np.array(rep["residual"]))) < max(abs(np.array(rep["residual_plain"])))
+    with pytest.raises(ValueError, match="knee_beta_s"):
+        ComputeParams("cpu", "x", 1e-3, 1e-4, 1.0, 0.0, 1.0, 256, knee_beta_s=1e-4)
+    with pytest.raises(ValueError, match=">= 3"):
+        fit_compute_knee([16, 32], [1e-3, 2e-3], "cpu", "x")
+
+
+def test_engine_and_compute_model_add_the_same_knee():
+    from dataclasses import replace
+
+    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+    from sim.profile import load_profile
+
+    kneed = replace(compute_params("T4", "cifar10"), knee_batch=64.0, knee_beta_s=1e-4)
+    x = np.array([32.0, 64.0, 200.0])
+    np.testing.assert_allclose(
+        ComputeModel(kneed).gpu_time_s(x) - ComputeModel(compute_params("T4", "cifar10")).gpu_time_s(x),
+        [0.0, 0.0, 136e-4],
+    )
+    # the committed same-day profile has a fitted knee: the engine's noise-free compute is the model's
+    folder = REPO / "results" / "fidelity" / "profile_schedules_sameday"
+    prof = load_profile(folder)
+    (params,) = prof.compute.values()
+    assert params.knee_batch is not None and params.knee_beta_s > 0
+    env = HeteroClusterEnv(profile=str(folder), action_mode="absolute", interval=20, scenario="static_hetero")
+    env.reset(seed=0)
+    sim = env.unwrapped.backend.sim
+    assert sim.compute_extras()["knee_batch"] == [params.knee_batch] * sim.cluster.num_workers
+    for b in (32, 128, 256):
+        local = np.full(sim.cluster.num_workers, float(b))
+        expected = ComputeModel(params).gpu_time_s(local)
+        np.testing.assert_allclose(sim._gpu_time_s(local), expected, rtol=1e-12)

@@ -12,7 +12,15 @@ from dynamix_gym.controllers.schedule import AccuracyScheduleController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from sim.convergence import ConvergenceModel, convergence_params
-from sim.fitting.schedules import ScheduleRun, fit_schedules, replay, rmse, with_vector
+from sim.fitting.schedules import (
+    ERROR_FLOOR,
+    ScheduleRun,
+    fit_schedules,
+    log_error_residuals,
+    replay,
+    rmse,
+    with_vector,
+)
 
 PROFILE = ROOT / "results" / "fidelity" / "profile"
 SCHEDULES = {
@@ -49,7 +57,8 @@ def test_replay_is_the_engines_noise_free_accuracy():
 @pytest.mark.parametrize("regime", ["none", "adascale"])
 def test_the_fit_recovers_known_schedule_parameters(regime):
     base = convergence_params("cifar10")
-    truth = with_vector(base, [0.9, 1.3, 0.3, 0.03, 0.4, np.log(200.0)])
+    # ceiling, shape scale, none exponent, gap, stretch, log memory, log lr limit, its exponent, log noise factor
+    truth = with_vector(base, [0.9, 1.3, 0.3, 0.03, 0.4, np.log(200.0), np.log(3.0), 1.0, np.log(0.5)])
     model = ConvergenceModel(truth, regime)
     rng = np.random.default_rng(0)
     runs = []
@@ -66,3 +75,14 @@ def test_the_fit_recovers_known_schedule_parameters(regime):
     assert fit.rmse_after < 0.005 < fit.rmse_before
     assert fit.params.acc_ceiling == pytest.approx(0.9, abs=0.01)
     assert rmse(fit.params, runs) == pytest.approx(fit.rmse_after)
+
+
+def test_log_error_residuals_weigh_the_approach_to_the_plateau():
+    base = convergence_params("cifar10")
+    gb = np.full(30, 256.0)
+    model = replay(ConvergenceModel(base, "none"), ScheduleRun("x", "none", 0, 50, gb, np.zeros(30)))
+    run = ScheduleRun("x", "none", 0, 50, gb, model - 0.01)  # one point below the model everywhere
+    res = log_error_residuals(base, [run])
+    np.testing.assert_allclose(res, np.log(1 - model) - np.log(1 - model + 0.01))
+    assert np.all(np.diff(model) > 0) and np.all(np.diff(np.abs(res)) > 0)  # higher up, larger
+    assert ERROR_FLOOR < 1 - model.max()

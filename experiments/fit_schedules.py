@@ -150,7 +150,10 @@ def floor_lines(groups: dict[str, list[ScheduleRun]]) -> list[str]:
     calib = trained(groups.get("the profile's calibration curves (static, adascale)", []))
     sched = groups.get("held-out seeds", []) + groups.get("fit seeds", [])
     rows = []
-    for label, runs in (("the calibration curves that trained", calib), ("the schedule runs (all seeds)", sched)):
+    for label, runs in (
+        ("the calibration curves that trained", calib),
+        ("the schedule runs (all seeds)", sched),
+    ):
         spread, n = seed_spread_rmse(runs)
         rows.append([label, n, _pts(spread)])
     return [

@@ -41,12 +41,36 @@ def run(cfg: DictConfig) -> float:
     kwargs["env"] = {**raw.get("env", {}), "reward": raw["reward"]}
     if kwargs.get("finetune_from"):
         kwargs["finetune_from"] = to_absolute_path(kwargs["finetune_from"])
+    if raw.get("eval_benchmark_tasks"):
+        kwargs["eval_tasks"] = benchmark_eval_tasks(list(raw["eval_benchmark_tasks"]))
     result = train(TrainConfig(**kwargs), config_dict=raw)
     out = Path(kwargs["run_dir"]) / "train_summary.json"
     atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
     best_min = result["best_validation_tta_s"] / 60.0
     log.info("best validation time-to-accuracy: %.2f min (%s)", best_min, result["best_bundle"])
     return best_min
+
+
+def benchmark_eval_tasks(names: list[str], split: str = "train") -> list[dict]:
+    """The named tasks of dynamix-bench-v1's ``split`` as validation tasks (sim specs). Validation
+    may use the train split only: the test split is for scoring alone."""
+    from experiments.benchmark import split_tasks, task_specs
+
+    if split != "train":
+        raise ValueError(f"validation tasks come from the benchmark's train split, not {split!r}")
+    bench = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "benchmark" / "v1.yaml")
+    tasks, _ = split_tasks(bench, split)
+    unknown = sorted(set(names) - set(tasks))
+    if unknown:
+        raise ValueError(
+            f"eval_benchmark_tasks: {unknown} are not tasks of the train split; choose from {sorted(tasks)}"
+        )
+    out = []
+    for name in names:
+        specs = task_specs(tasks[name], "time")
+        out.append({"name": name, "interval": int(tasks[name].get("interval", 50)),
+                    **{k: specs[k] for k in ("cluster", "workload", "scenario")}})  # fmt: skip
+    return out
 
 
 def run_elastic(raw: dict) -> float:

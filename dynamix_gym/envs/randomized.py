@@ -10,10 +10,10 @@ import numpy as np
 
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from sim.cluster import mixed_cluster
+from sim.cluster import GPUS_PER_NODE, mixed_cluster
 from sim.faults import FaultWindow, get_scenario, scale_intensity
 from sim.profile import ClusterProfile, load_profile
-from sim.validation import check_int, check_min_max, check_range
+from sim.validation import check_choice, check_int, check_min_max, check_range
 
 
 @lru_cache(maxsize=8)
@@ -49,6 +49,11 @@ class DomainRandomization:
     window_duration_s: tuple[float, float] = (10.0, 300.0)
     window_factor: tuple[float, float] = (0.3, 0.8)
     profile: str | None = None
+    #: Generated mixes (when not empty, instead of the T4 / V100 / RTX2080Ti draw): 1 to
+    #: ``max_types`` distinct types from ``gpu_types`` (at most one per worker), each with at least
+    #: one worker and the rest split by a flat Dirichlet draw.
+    gpu_types: tuple[str, ...] = ()
+    max_types: int = 4
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -58,6 +63,11 @@ class DomainRandomization:
             "domain.t4_fraction[0]", self.t4_fraction[0], "domain.t4_fraction[1]", self.t4_fraction[1]
         )
         check_range("domain.third_type_probability", self.third_type_probability, 0.0, 1.0)
+        check_int("domain.max_types", self.max_types, 1, 16)
+        for g in self.gpu_types:
+            check_choice("domain.gpu_types entry", g, GPUS_PER_NODE)
+        if len(set(self.gpu_types)) != len(self.gpu_types):
+            raise ValueError(f"domain.gpu_types lists a type twice: {list(self.gpu_types)}")
         check_range("domain.speed_sd", self.speed_sd, 0.0, 2.0)
         check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
@@ -91,9 +101,18 @@ class DomainRandomization:
             raise ValueError("this domain has no profile")
         return _profile(self.profile)
 
+    def _generated_mix(self, rng: np.random.Generator):
+        n = self.workers
+        k = int(rng.integers(1, min(self.max_types, len(self.gpu_types), n) + 1))
+        types = [self.gpu_types[i] for i in rng.choice(len(self.gpu_types), size=k, replace=False)]
+        extra = rng.multinomial(n - k, rng.dirichlet(np.ones(k))) if n > k else np.zeros(k, dtype=int)
+        return mixed_cluster({g: 1 + int(e) for g, e in zip(types, extra, strict=True)})
+
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         n = self.workers
-        if self.profile is None:
+        if self.profile is None and self.gpu_types:
+            cluster = self._generated_mix(rng)
+        elif self.profile is None:
             n_t4 = int(np.clip(round(n * rng.uniform(*self.t4_fraction)), 1, n - 1))
             counts = {"T4": n_t4, "V100": n - n_t4}
             if n - n_t4 >= 2 and rng.random() < self.third_type_probability:

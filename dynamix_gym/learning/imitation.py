@@ -1,8 +1,8 @@
 """Warm-starting PPO from an expert controller (behaviour cloning), before RL fine-tuning.
 
-The expert (by default the simulator's oracle) emits target batches; :func:`expert_deltas` turns
-them into the env's delta actions (the step from the action set that lands closest to the
-target, holding within ``tolerance``). Rollouts of that delta-following expert on randomised
+The expert (by default the simulator's oracle) emits target batches; :func:`expert_steps` turns
+them into the env's discrete actions (delta or scale: the legal step of the action set that lands
+closest to the target, holding within ``tolerance``). Rollouts of that delta-following expert on randomised
 clusters give per-worker (observation, action) pairs and the discounted returns of the training
 reward. :func:`pretrain` fits the policy head by maximum likelihood and the value head to the
 returns, so PPO starts from a competent policy whose critic already knows what it is worth.
@@ -27,10 +27,49 @@ def expert_deltas(
 ) -> np.ndarray:
     """Index into ``action_set`` per worker: the delta whose result is closest to ``target``;
     the zero delta whenever the target is within ``tolerance`` samples."""
-    landing = current[:, None] + action_set[None, :]
-    best = np.abs(landing - target[:, None]).argmin(axis=1)
-    zero = int(np.flatnonzero(action_set == 0)[0])
-    return np.where(np.abs(target - current) <= tolerance, zero, best)
+    return expert_steps("delta", current, target, action_set, tolerance)
+
+
+def expert_steps(
+    action_mode: str,
+    current: np.ndarray,
+    target: np.ndarray,
+    action_set: np.ndarray,
+    tolerance: float,
+    legal: np.ndarray | None = None,
+) -> np.ndarray:
+    """Index into ``action_set`` per worker for a discrete ``action_mode``: the step whose result
+    (``delta``: b + d; ``scale``: round(b * f)) lands closest to ``target`` (in samples for
+    ``delta``, in log2 for ``scale``, so that x2 and x1/2 weigh alike) among the ``legal`` steps
+    (the env's mask; all when None); the no-change step whenever the target is within
+    ``tolerance`` (samples for ``delta``, a relative distance for ``scale``)."""
+    cur = np.asarray(current, dtype=np.float64)
+    tgt = np.asarray(target, dtype=np.float64)
+    steps = np.asarray(action_set, dtype=np.float64)
+    if action_mode == "delta":
+        landing = cur[:, None] + steps[None, :]
+        dist = np.abs(landing - tgt[:, None])
+        hold = np.abs(tgt - cur) <= tolerance
+        neutral = int(np.flatnonzero(steps == 0)[0])
+    elif action_mode == "scale":
+        landing = np.maximum(np.rint(cur[:, None] * steps[None, :]), 1.0)
+        dist = np.abs(np.log2(landing) - np.log2(np.maximum(tgt, 1.0))[:, None])
+        hold = np.abs(tgt / np.maximum(cur, 1.0) - 1.0) <= tolerance
+        neutral = int(np.argmin(np.abs(steps - 1.0)))
+    else:
+        raise ValueError(f"expert steps exist in the discrete modes delta and scale, not {action_mode!r}")
+    if legal is not None:
+        dist = np.where(legal, dist, np.inf)
+    return np.where(hold, neutral, dist.argmin(axis=1))
+
+
+def _mean_of_finite(*values: float) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _is_maskable(model) -> bool:
+    return type(model).__name__ == "MaskablePPO"
 
 
 @dataclass
@@ -47,7 +86,7 @@ class ExpertData:
             np.concatenate([self.actions, other.actions]),
             np.concatenate([self.returns, other.returns]),
             self.episodes + other.episodes,
-            float(np.nanmean([self.mean_tta_s, other.mean_tta_s])),
+            _mean_of_finite(self.mean_tta_s, other.mean_tta_s),
         )
 
 
@@ -62,6 +101,7 @@ def collect_expert_data(
     tolerance: float | None = None,
     policy=None,
     obs_fn=None,
+    action_mode: str = "delta",
 ) -> ExpertData:
     """Roll out on randomised clusters of each size in ``sizes``, labelling every state with the
     delta-following expert's action.
@@ -76,23 +116,32 @@ def collect_expert_data(
     for ep in range(episodes):
         n = sizes[ep % len(sizes)]
         env = RandomizedClusterEnv(
-            domain=DomainRandomization(**{**domain, "workers": n}), **{**env_kwargs, "action_mode": "delta"}
+            domain=DomainRandomization(**{**domain, "workers": n}),
+            **{**env_kwargs, "action_mode": action_mode},
         )
         _, info = env.reset(seed=int(rng.integers(2**31 - 1)))
         controller.reset(env.backend.spec, rng)
-        tol = (
-            float(np.min(np.abs(env.action_set[env.action_set != 0]))) / 2 if tolerance is None else tolerance
-        )
+        if tolerance is not None:
+            tol = tolerance
+        elif action_mode == "scale":  # half the smallest relative step
+            tol = float(np.min(np.abs(env.action_set[env.action_set != 1.0] - 1.0))) / 2
+        else:
+            tol = float(np.min(np.abs(env.action_set[env.action_set != 0]))) / 2
         ep_obs, ep_act, ep_rew = [], [], []
         done = False
         while not done:
             target, _ = controller.predict(None, info)
-            a = expert_deltas(env.batches, np.asarray(target, dtype=np.float64), env.action_set, tol)
+            legal = env.action_mask_matrix()
+            a = expert_steps(
+                action_mode, env.batches, np.asarray(target, dtype=np.float64), env.action_set, tol, legal
+            )
             rows = env.per_worker_observations()
             ep_obs.append(rows)
             ep_act.append(a)
             if policy is not None:
-                acted, _ = policy.predict(obs_fn(rows) if obs_fn else rows, deterministic=True)
+                x = obs_fn(rows) if obs_fn else rows
+                masked = {"action_masks": legal} if _is_maskable(policy) else {}
+                acted, _ = policy.predict(x, deterministic=True, **masked)
                 a = np.asarray(acted, dtype=np.int64)
             _, r, term, trunc, info = env.step(a)
             ep_rew.append(r)

@@ -46,6 +46,8 @@ class TrainConfig:
     seed: int = 0
     total_timesteps: int = 300_000
     obs_form: str = "per_worker"  # or "centralised"
+    algorithm: str = "ppo"  # or "maskable_ppo" (sb3-contrib's MaskablePPO: illegal steps masked)
+    action_mode: str = "delta"  # or "scale" (multiplicative steps); both discrete
     cluster_sizes: Sequence[int] = (4, 6, 8)  # one training cluster per entry
     centralised_workers: int = 8
     centralised_envs: int = 4
@@ -62,12 +64,41 @@ class TrainConfig:
     eval_scenarios: Sequence[str] = ("static_hetero", "throttle", "mixed")
     eval_seeds: Sequence[int] = (1000, 1001)
     eval_workers: int = 8
+    # Validation tasks instead of eval_scenarios (e.g. held-out tasks of the benchmark's train split):
+    # each {"name", "cluster", "workload", "scenario", "interval"} with sim specs (the app resolves
+    # conf names); every task runs at every seed of eval_seeds.
+    eval_tasks: Sequence[dict[str, Any]] = ()
     progress_bar: bool = True
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
     finetune_from: str | None = None  # start from this bundle instead of a fresh policy
     # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
     # {"expert": "oracle", "episodes": 120, "epochs": 20}; see dynamix_gym.learning.imitation.
     expert_pretrain: dict[str, Any] | None = None
+
+
+ALGORITHMS = ("ppo", "maskable_ppo")
+
+
+def algorithm_class(name: str):
+    """The SB3 class of ``name`` (:data:`ALGORITHMS`)."""
+    if name == "ppo":
+        return PPO
+    if name == "maskable_ppo":
+        from sb3_contrib import MaskablePPO
+
+        return MaskablePPO
+    raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {name!r}")
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Refuse combinations that cannot train, naming the field."""
+    algorithm_class(cfg.algorithm)
+    if cfg.action_mode not in ("delta", "scale"):
+        raise ValueError(
+            f"action_mode must be 'delta' or 'scale' (the discrete modes), got {cfg.action_mode!r}"
+        )
+    if cfg.algorithm == "maskable_ppo" and cfg.obs_form != "per_worker":
+        raise ValueError("algorithm=maskable_ppo needs obs_form=per_worker (one masked step per worker)")
 
 
 # --- environments -----------------------------------------------------------------------------------
@@ -84,7 +115,7 @@ def _cluster_env_fn(domain: dict, env_kwargs: dict, workers: int) -> Callable[[]
 
 def make_train_venv(cfg: TrainConfig) -> VecEnv:
     """Randomised simulated clusters, per-worker (shared policy) or centralised, monitored."""
-    env_kwargs = {**cfg.env, "action_mode": "delta"}
+    env_kwargs = {**cfg.env, "action_mode": cfg.action_mode}
     if cfg.obs_form == "per_worker":
         fns = [_cluster_env_fn(cfg.domain, env_kwargs, n) for n in cfg.cluster_sizes]
         venv: VecEnv = PerWorkerVecEnv(fns, sizes=list(cfg.cluster_sizes), subprocess=cfg.subprocess)
@@ -152,24 +183,39 @@ def evaluate_policy_tta(
     workers: int,
     env_kwargs: dict,
     domain: dict | None = None,
+    action_mode: str = "delta",
+    tasks: Sequence[dict[str, Any]] = (),
 ) -> dict[str, float]:
     """Mean time-to-accuracy (s) of ``controller`` per validation scenario (twice the episode's time
     if the target was not reached). The scenario ``"domain"`` draws each seed's cluster, faults and
-    workload from ``domain`` (the training domain randomisation) instead of a named preset."""
+    workload from ``domain`` (the training domain randomisation) instead of a named preset. With
+    ``tasks`` (see :attr:`TrainConfig.eval_tasks`) the tasks replace the scenarios, keyed by name."""
     out = {}
-    for scenario in scenarios:
+    kw = {**env_kwargs, "action_mode": action_mode}
+
+    def score(make_env, scenario) -> float:
         times = []
         for seed in seeds:
-            if scenario == DOMAIN_SCENARIO:
-                dom = DomainRandomization(**{**(domain or {}), "workers": workers})
-                env: HeteroClusterEnv = RandomizedClusterEnv(domain=dom, action_mode="delta", **env_kwargs)
-            else:
-                env = HeteroClusterEnv(workers=workers, scenario=scenario, action_mode="delta", **env_kwargs)
+            env = make_env()
             res = run_episode(env, controller, seed=seed, scenario=scenario)
             env.close()
             s = res.summary
             times.append(s["time_to_accuracy_s"] if s["reached_target"] else s["total_time_s"] * 2.0)
-        out[scenario] = float(np.mean(times))
+        return float(np.mean(times))
+
+    for task in tasks:
+        spec = {k: task[k] for k in ("cluster", "workload", "scenario")}
+        task_kw = {**kw, "interval": int(task.get("interval", kw.get("interval", 50)))}
+        out[str(task["name"])] = score(lambda spec=spec, task_kw=task_kw: HeteroClusterEnv(**spec, **task_kw),
+                                       getattr(task["scenario"], "name", None))  # fmt: skip
+    for scenario in () if tasks else scenarios:
+        if scenario == DOMAIN_SCENARIO:
+            dom = DomainRandomization(**{**(domain or {}), "workers": workers})
+            out[scenario] = score(lambda dom=dom: RandomizedClusterEnv(domain=dom, **kw), scenario)
+        else:
+            out[scenario] = score(
+                lambda sc=scenario: HeteroClusterEnv(workers=workers, scenario=sc, **kw), scenario
+            )
     return out
 
 
@@ -203,8 +249,13 @@ class TTAEvalCallback(BaseCallback):
             workers,
             env_kwargs,
             domain=dict(self.cfg.domain),
+            action_mode=self.cfg.action_mode,
+            tasks=self.cfg.eval_tasks,
         )
-        mean = float(np.mean(list(tta.values())))
+        # Tasks of different workloads differ in scale by 10-100x: their geometric mean weighs a
+        # relative gain alike on each; the presets (one workload) keep the arithmetic mean.
+        values = list(tta.values())
+        mean = float(np.exp(np.mean(np.log(values)))) if self.cfg.eval_tasks else float(np.mean(values))
         logger = getattr(self.model, "_logger", None)  # absent before learn() (warm-start evaluation)
         if logger is not None:
             for k, v in tta.items():
@@ -274,6 +325,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         gamma=gamma,
         seed=cfg.seed + 7919,
         expert=str(opts.get("expert", "oracle")),
+        action_mode=cfg.action_mode,
     )
     scale = 1.0
     obs_fn = lambda x: x  # noqa: E731
@@ -304,6 +356,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             expert=str(opts.get("expert", "oracle")),
             policy=model,
             obs_fn=obs_fn,
+            action_mode=cfg.action_mode,
         )
         data = data + new
         stats = pretrain(
@@ -329,7 +382,9 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
 
 def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume, or fine-tune) a PPO policy; returns a summary with the best validation TTA."""
+    check_train_config(cfg)
     torch.set_num_threads(cfg.torch_threads)
+    algo = algorithm_class(cfg.algorithm)
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     best_dir = run_dir / "best"
@@ -345,10 +400,16 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             venv = VecNormalize.load(str(norm_path), venv)
         elif cfg.normalize_obs or cfg.normalize_reward:
             venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
-        model = PPO.load(model_path, env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
+        model = algo.load(model_path, env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
         reset_timesteps = False
     elif cfg.finetune_from:
         base = load_bundle(cfg.finetune_from)
+        for name, have, want in (("algorithm", base.meta.algorithm, cfg.algorithm),
+                                 ("action_mode", base.meta.action_mode, cfg.action_mode)):  # fmt: skip
+            if have != want:
+                raise ValueError(
+                    f"finetune_from {cfg.finetune_from} was trained with {name}={have!r}; set {name}={have}"
+                )
         if cfg.normalize_obs or cfg.normalize_reward:
             venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
             if base.obs_norm is not None:  # start from the pretrained statistics
@@ -357,7 +418,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         custom = {
             k: v for k, v in cfg.ppo.items() if k in ("learning_rate", "ent_coef", "clip_range", "n_epochs")
         }
-        model = PPO.load(
+        model = algo.load(
             base.path / "model.zip",
             env=venv,
             device="cpu",
@@ -374,7 +435,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 norm_reward=cfg.normalize_reward,
                 gamma=cfg.ppo.get("gamma", 0.99),
             )
-        model = PPO(
+        model = algo(
             "MlpPolicy",
             venv,
             seed=cfg.seed,
@@ -393,7 +454,11 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     def meta_fn() -> BundleMeta:
         return BundleMeta(
             obs_form=cfg.obs_form,
-            action_set=[int(a) for a in action_set],
+            action_set=[float(a) for a in action_set]
+            if cfg.action_mode == "scale"
+            else [int(a) for a in action_set],
+            action_mode=cfg.action_mode,
+            algorithm=cfg.algorithm,
             schema_version=schema.version,
             feature_names=schema.per_worker_names(),
             num_workers=cfg.centralised_workers if cfg.obs_form == "centralised" else None,

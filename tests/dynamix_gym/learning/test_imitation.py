@@ -48,3 +48,18 @@ def test_warm_start_clones_the_expert(tmp_path):
     # "hold" would score higher; cloning must beat that majority baseline too).
     assert warm["action_agreement"] > 0.6
     assert warm["value_r2"] > 0.5
+
+
+def test_expert_scale_steps_land_closest_in_octaves_hold_near_and_respect_the_mask():
+    from dynamix_gym.learning.imitation import expert_steps
+
+    factors = np.array([0.5, 0.8, 1.0, 1.25, 2.0])
+    current = np.array([100, 100, 100, 100, 100, 100])
+    target = np.array([400.0, 130.0, 105.0, 70.0, 10.0, 190.0])
+    idx = expert_steps("scale", current, target, factors, tolerance=0.1)
+    assert factors[idx].tolist() == [2.0, 1.25, 1.0, 0.8, 0.5, 2.0]
+    legal = np.ones((6, 5), dtype=bool)
+    legal[0, 4] = False  # x2 would leave worker 0's range: the best legal step is x5/4
+    assert factors[expert_steps("scale", current, target, factors, 0.1, legal)][0] == 1.25
+    with np.testing.assert_raises(ValueError):
+        expert_steps("absolute", current, target, factors, 0.1)

@@ -181,3 +181,68 @@ def test_pretraining_on_a_calibrated_profile_validates_on_domain_draws(tmp_path)
     env = HeteroClusterEnv(profile=FIDELITY_PROFILE, interval=20)
     res = run_episode(env, PPOController(result["best_bundle"]), seed=0, scenario="profile")
     assert res.summary["decisions"] >= 1 and env.backend.spec.gpu_types == ("cpu", "cpu")
+
+
+def test_generated_worlds_mix_one_to_four_types_and_refuse_unknown_ones():
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    types = ("T4", "V100", "RTX2080Ti", "A100", "QuadroRTX6000")
+    dom = DomainRandomization(workers=6, gpu_types=types, max_types=4, workloads=("cifar10", "ncf", "bert"))
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(40):
+        cluster = dom.sample(rng)["cluster"]
+        kinds = set(cluster.gpu_types)
+        assert 1 <= len(kinds) <= 4 and kinds <= set(types) and cluster.num_workers == 6
+        seen.add(len(kinds))
+    assert seen == {1, 2, 3, 4}
+    with pytest.raises(ValueError, match=r"domain\.gpu_types"):
+        DomainRandomization(gpu_types=("T4", "H900"))
+    with pytest.raises(ValueError, match="twice"):
+        DomainRandomization(gpu_types=("T4", "T4"))
+
+
+def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end(tmp_path):
+    """MaskablePPO on schema 2 with multiplicative steps over generated worlds (several GPU types
+    and workloads), warm-started by the oracle, validated on a benchmark train-split task; the
+    bundle records all of it and drives an unseen cluster size and workload."""
+    from experiments.train import benchmark_eval_tasks
+
+    cfg = tiny(
+        tmp_path,
+        algorithm="maskable_ppo",
+        action_mode="scale",
+        env={"interval": 50, "reward": {"kind": "time"}, "max_decisions": 30, "obs_schema": 2},
+        domain={"gpu_types": ("T4", "V100", "A100"), "workloads": ("cifar10", "ncf")},
+        eval_tasks=benchmark_eval_tasks(["ncf_t4v100_jitter"]),
+        expert_pretrain={
+            "expert": "oracle",
+            "episodes": 2,
+            "epochs": 2,
+            "dagger_rounds": 1,
+            "dagger_episodes": 1,
+        },
+    )
+    result = train(cfg)
+    bundle = load_bundle(result["best_bundle"])
+    meta = bundle.meta
+    assert (meta.algorithm, meta.action_mode, meta.schema_version) == ("maskable_ppo", "scale", "2")
+    assert meta.action_set == [0.5, 0.8, 1.0, 1.25, 2.0]
+    assert "ncf_t4v100_jitter" in result["history"][-1]["tta_s"]
+    assert meta.metadata["warm_start"]["dagger"]
+    env = HeteroClusterEnv(workers=6, workload="bert", action_mode="scale", obs_schema=2, max_decisions=4)
+    res = run_episode(env, PPOController(result["final_bundle"]), seed=0, scenario="static_hetero")
+    assert res.summary["decisions"] == 4
+
+
+def test_training_refuses_what_cannot_train(tmp_path):
+    from experiments.train import benchmark_eval_tasks
+
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        train(tiny(tmp_path, algorithm="a2c"))
+    with pytest.raises(ValueError, match="action_mode must be 'delta' or 'scale'"):
+        train(tiny(tmp_path, action_mode="absolute"))
+    with pytest.raises(ValueError, match="maskable_ppo needs obs_form=per_worker"):
+        train(tiny(tmp_path, algorithm="maskable_ppo", obs_form="centralised"))
+    with pytest.raises(ValueError, match="not tasks of the train split"):
+        benchmark_eval_tasks(["cifar10_t4v100_mixed"])  # a test-split task

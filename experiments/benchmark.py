@@ -50,6 +50,7 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.reward import RewardConfig
 from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
@@ -140,7 +141,10 @@ def run_task(cfg: DictConfig, out: Path) -> float:
     controller = instantiate(cfg.controller, **overrides)
     interval = int(task.get("interval", 50))
     env = instantiate(cfg.backend)(
-        **specs, action_mode=controller.action_mode, interval=interval, **plain(cfg.env)
+        **specs,
+        action_mode=controller.action_mode,
+        interval=interval,
+        **{**plain(cfg.env), **env_options(controller)},
     )
     try:
         spec = env.unwrapped.backend.spec

@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import plain
@@ -80,7 +81,7 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
     controller = build_controller(cfg)
     specs = build_specs(cfg)
-    env = make_env(cfg, controller.action_mode, specs)
+    env = make_env(cfg, controller.action_mode, specs, **env_options(controller))
     backend = env.unwrapped.backend
     if not isinstance(backend, DDPBackend):
         raise ValueError(

@@ -37,6 +37,7 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
 from dynamix_gym.reward import RewardConfig
 from experiments.common import atomic_write_text, plain
@@ -79,10 +80,11 @@ def profile_of(cfg: DictConfig) -> ClusterProfile | None:
     return load_profile(path if path.exists() else str(ref))
 
 
-def make_env(cfg: DictConfig, action_mode: str, specs: dict[str, Any] | None = None):
-    """The env of ``cfg.backend`` over ``specs`` (default: :func:`build_specs`), in ``action_mode``."""
+def make_env(cfg: DictConfig, action_mode: str, specs: dict[str, Any] | None = None, **options: Any):
+    """The env of ``cfg.backend`` over ``specs`` (default: :func:`build_specs`), in ``action_mode``,
+    with ``options`` (a controller's :func:`~dynamix_gym.controllers.base.env_options`)."""
     factory = instantiate(cfg.backend)
-    env_kwargs = plain(cfg.env)
+    env_kwargs = {**plain(cfg.env), **options}
     profile = profile_of(cfg)
     if profile is not None:  # the simulator uses the profile's fitted models
         env_kwargs["profile"] = profile
@@ -105,7 +107,7 @@ def evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir) if out_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     controller = instantiate(cfg.controller)
     specs = build_specs(cfg)
-    env = make_env(cfg, controller.action_mode, specs)
+    env = make_env(cfg, controller.action_mode, specs, **env_options(controller))
     try:
         result = run_episode(env, controller, int(cfg.seed), scenario=specs["scenario"].name)
         spec = env.unwrapped.backend.spec

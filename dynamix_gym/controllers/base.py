@@ -101,3 +101,10 @@ def start_options(controller: Controller, spec: Any) -> dict[str, Any] | None:
     pick = getattr(controller, "initial_batches", None)
     initial = pick(spec) if pick is not None else None
     return None if initial is None else {"initial_batches": initial}
+
+
+def env_options(controller: Controller) -> dict[str, Any]:
+    """Env keyword arguments a controller needs besides its ``action_mode`` (a policy bundle: its
+    observation schema and action set); ``{}`` for a controller without ``env_options()``."""
+    own = getattr(controller, "env_options", None)
+    return dict(own()) if own is not None else {}

@@ -221,6 +221,11 @@ class PPOController(BaseController):
                 f"has {spec.num_workers}. Use a per-worker bundle to drive other cluster sizes."
             )
 
+    def env_options(self) -> dict[str, Any]:
+        """What an env must be built with for this policy: its schema and action set (see
+        :func:`dynamix_gym.controllers.base.env_options`)."""
+        return {"obs_schema": int(self.schema.version), "action_set": _fmt(self.action_set)}
+
     def check_env(self, env) -> None:
         """Refuse an env whose observation schema, action mode or action set differs from the
         policy's."""

@@ -230,9 +230,19 @@ def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end
     assert meta.action_set == [0.5, 0.8, 1.0, 1.25, 2.0]
     assert "ncf_t4v100_jitter" in result["history"][-1]["tta_s"]
     assert meta.metadata["warm_start"]["dagger"]
-    env = HeteroClusterEnv(workers=6, workload="bert", action_mode="scale", obs_schema=2, max_decisions=4)
-    res = run_episode(env, PPOController(result["final_bundle"]), seed=0, scenario="static_hetero")
+    ctrl = PPOController(result["final_bundle"])
+    # the apps build a bundle's env from what the bundle asks for (evaluate, benchmark, deploy)
+    from dynamix_gym.controllers.base import env_options
+
+    options = env_options(ctrl)
+    assert options == {"obs_schema": 2, "action_set": [0.5, 0.8, 1, 1.25, 2]}
+    env = HeteroClusterEnv(
+        workers=6, workload="bert", action_mode=ctrl.action_mode, max_decisions=4, **options
+    )
+    res = run_episode(env, ctrl, seed=0, scenario="static_hetero")
     assert res.summary["decisions"] == 4
+    with pytest.raises(BundleMismatchError, match="schema"):
+        run_episode(HeteroClusterEnv(workers=6, action_mode="scale", max_decisions=2), ctrl, seed=0)
 
 
 def test_training_refuses_what_cannot_train(tmp_path):

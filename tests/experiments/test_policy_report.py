@@ -1,0 +1,38 @@
+"""The policy library's report (experiments.policy_report) from training summaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+from support import CONF
+
+from experiments.policy_report import policy_report_app
+
+
+def _summary(path, scores):
+    path.mkdir(parents=True)
+    history = [{"timesteps": t, "mean_tta_s": v, "tta_s": {"a": v, "b": 2 * v}} for t, v in scores]
+    (path / "train_summary.json").write_text(json.dumps({"history": history, "timesteps": scores[-1][0],
+                                                         "train_seconds": 120.0}))  # fmt: skip
+
+
+def test_the_report_says_whether_rl_beat_the_warm_start(tmp_path):
+    _summary(tmp_path / "better", [(0, 600.0), (100, 540.0), (200, 570.0)])
+    _summary(tmp_path / "worse", [(0, 600.0), (100, 660.0)])
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("policy_report", overrides=[
+            f"out_dir={tmp_path / 'out'}", "~runs",
+            f"+runs.better={{run_dir: {tmp_path / 'better'}, command: x, description: d}}",
+            f"+runs.worse={{run_dir: {tmp_path / 'worse'}, command: y, description: e}}",
+        ])  # fmt: skip
+    policy_report_app(cfg)
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert "| better | 200 | 2 | 10.00 | 9.00 (step 100) | 9.50 | yes |" in md
+    assert "| worse | 100 | 2 | 10.00 | 10.00 (step 0) | 11.00 | **no** |" in md
+    assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
+    with pytest.raises(FileNotFoundError, match="train the run first"):
+        from experiments.policy_report import load_run
+
+        load_run(tmp_path / "missing")

@@ -125,12 +125,40 @@ def render(cfg: DictConfig, runs: dict[str, dict[str, Any]], minutes: dict[str, 
         "",
         *table(["task", "warm start (min)", "kept (min)", "ratio"], task_rows),
         "",
+        *benchmark_lines(cfg),
         "## What the runs differ in",
         "",
         *[f"- `{label}`: {cfg.runs[label].description} (`{cfg.runs[label].command}`)" for label in runs],
         "",
     ]
     return "\n".join(lines)
+
+
+def benchmark_lines(cfg: DictConfig) -> list[str]:
+    """The kept bundle's scores on dynamix-bench-v1 (``experiments.benchmark``'s summary.json per
+    split under ``benchmark_root/benchmark_label``), beside the labels of ``compare``."""
+    root = Path(to_absolute_path(str(cfg.benchmark_root)))
+    rows = []
+    for label in [str(cfg.benchmark_label), *map(str, cfg.compare)]:
+        cells = [label]
+        for split in ("test", "train"):
+            f = root / label / split / "summary.json"
+            s = json.loads(f.read_text()) if f.exists() else {}
+            cells += [
+                f"{s['geomean_ratio_to_limit']:.3f}" if s else "-",
+                f"{100 * s['reached_share']:.0f}%" if s else "-",
+            ]
+        rows.append(cells)
+    if len(rows) == 0:
+        return []
+    return [
+        f"## On dynamix-bench-v1, zero-shot (`{cfg.benchmark_label}`; `results/benchmark/README.md`)",
+        "",
+        *table(["label", "test x limit", "test reached", "train x limit", "train reached"], rows),
+        "",
+        "Bundles were compared on the train split only; the test split scored the kept one.",
+        "",
+    ]
 
 
 def policy_report_app(cfg: DictConfig) -> dict[str, Any]:

@@ -380,6 +380,25 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
     return stats
 
 
+def _env_of_bundle(cfg: TrainConfig, base: PolicyBundle) -> TrainConfig:
+    """``cfg`` with the fine-tuned bundle's observation schema and action set in its env (unless
+    set); a different one set explicitly is refused, naming the field."""
+    from dataclasses import replace as dc_replace
+
+    meta = base.meta
+    own = {"obs_schema": int(meta.schema_version), "action_set": list(meta.action_set)}
+    env = dict(cfg.env)
+    for key, value in own.items():
+        if (
+            key in env
+            and env[key] is not None
+            and [float(v) for v in np.atleast_1d(env[key])] != [float(v) for v in np.atleast_1d(value)]
+        ):
+            raise ValueError(f"env.{key}={env[key]} but finetune_from {base.path} was trained with {value}")
+        env[key] = value
+    return dc_replace(cfg, env=env)
+
+
 def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume, or fine-tune) a PPO policy; returns a summary with the best validation TTA."""
     check_train_config(cfg)
@@ -390,6 +409,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     best_dir = run_dir / "best"
     final_dir = run_dir / "policy"
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.finetune_from:
+        cfg = _env_of_bundle(cfg, load_bundle(cfg.finetune_from))
     venv = make_train_venv(cfg)
     warm_start_stats: dict[str, Any] = {}
     resume = latest_checkpoint(ckpt_dir) if cfg.resume else None
@@ -485,10 +506,13 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         ]
     )
     remaining = cfg.total_timesteps - (model.num_timesteps if not reset_timesteps else 0)
-    if warm_start_stats:
-        # The warm-started policy, before any PPO update, competes for "best" as well.
+    if warm_start_stats or (cfg.finetune_from and resume is None):
+        # The warm-started (or fine-tuned) policy, before any PPO update, competes for "best" as
+        # well: the learning curve's step 0.
         eval_cb.model = model
-        warm_start_stats["validation_tta_s"] = eval_cb.evaluate()
+        start = eval_cb.evaluate()
+        if warm_start_stats:
+            warm_start_stats["validation_tta_s"] = start
     t0 = time.perf_counter()
     if remaining > 0:
         model.learn(

@@ -243,6 +243,20 @@ def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end
     assert res.summary["decisions"] == 4
     with pytest.raises(BundleMismatchError, match="schema"):
         run_episode(HeteroClusterEnv(workers=6, action_mode="scale", max_decisions=2), ctrl, seed=0)
+    # fine-tuning takes the bundle's schema and action set unless told otherwise, and refuses another
+    tune = dict(algorithm="maskable_ppo", action_mode="scale", finetune_from=result["best_bundle"],
+                total_timesteps=300, expert_pretrain=None)  # fmt: skip
+    tuned = train(tiny(tmp_path / "ft", **tune))
+    assert load_bundle(tuned["final_bundle"]).meta.schema_version == "2"
+    assert tuned["history"][0]["timesteps"] == 0  # the starting bundle is the curve's first point
+    with pytest.raises(ValueError, match=r"env\.action_set"):
+        train(
+            tiny(
+                tmp_path / "ft2",
+                **tune,
+                env={"interval": 50, "reward": {"kind": "time"}, "action_set": [0.5, 2.0]},
+            )
+        )
 
 
 def test_training_refuses_what_cannot_train(tmp_path):

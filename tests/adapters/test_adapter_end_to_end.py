@@ -24,6 +24,7 @@ def _run(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
 def test_deploy_app_runs_a_baseline_on_real_ddp_and_writes_the_evaluation_summary(tmp_path):
     proc = _run(
         [
@@ -51,6 +52,7 @@ def test_deploy_app_runs_a_baseline_on_real_ddp_and_writes_the_evaluation_summar
     assert [r["step"] for r in timeline] == ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
 def test_torchrun_example_moves_batch_to_the_fast_rank():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:

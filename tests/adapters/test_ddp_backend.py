@@ -222,6 +222,7 @@ def test_killed_worker_raises_a_clear_error_and_leaves_no_orphans(backend):
     backend.close()  # safe after a failure
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
 def test_hung_worker_is_named_within_the_collective_timeout(backend):
     backend.reset(seed=0)  # new workers after the previous test's failure
     pids = backend.worker_pids
@@ -247,6 +248,7 @@ def test_hung_worker_is_named_within_the_collective_timeout(backend):
     assert gone(pids)
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
 def test_resume_from_checkpoint_continues_the_same_run(backend, tmp_path):
     a = backend
     a.config = replace(a.config, checkpoint_dir=str(tmp_path), checkpoint_every=2)

@@ -20,6 +20,7 @@ from sim.profile import load_profile
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
 def test_calibrate_profiles_two_cpu_ranks_into_a_profile_the_simulator_runs(tmp_path):
     out = tmp_path / "cpu2"
     cmd = [

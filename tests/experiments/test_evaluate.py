@@ -254,6 +254,7 @@ def test_evaluate_cli_with_a_user_config_dir_scenario(user_dir, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # subprocess sweep: make test-slow
 def test_parallel_sweep_lands_in_one_dir_and_aggregates(user_dir, tmp_path):
     sweep = tmp_path / "sweep"
     run_module(

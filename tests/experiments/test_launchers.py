@@ -135,6 +135,7 @@ def test_evaluate_grid_through_submitit_local(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # subprocess sweep: make test-slow
 def test_benchmark_grid_through_submitit_local(tmp_path):
     """experiments.benchmark forwards the launcher to the multirun it starts: the tiny split's two
     tasks run as two submitit jobs, then the plain run scores them."""

@@ -66,7 +66,9 @@ def lr_stability(lr_multiplier, stable_gain: float | None, unstable_exponent: fl
     or numpy arrays); 1 when ``stable_gain`` is None or g <= ``stable_gain``."""
     if stable_gain is None:
         return 1.0
-    import numpy as np  # only the fitted, finite-limit path needs it
+    if isinstance(lr_multiplier, int | float):  # the simulator's per-step path: no numpy
+        return 1.0 if lr_multiplier <= stable_gain else (stable_gain / lr_multiplier) ** unstable_exponent
+    import numpy as np  # arrays (fits and analysis)
 
     g = np.maximum(np.asarray(lr_multiplier, dtype=float), stable_gain)
     out = (stable_gain / g) ** unstable_exponent
@@ -92,9 +94,9 @@ def progress_gain(
         r, g = min(math.sqrt(scale), r_ada), math.sqrt(scale)
     else:
         r, g = r_ada, (r_ada if rule == "adascale" else scale)
-    if stable_gain is None or g <= stable_gain:
+    if stable_gain is None:
         return r
-    return r * (stable_gain / g) ** unstable_exponent
+    return r * lr_stability(g, stable_gain, unstable_exponent)
 
 
 def lr_gain(rule: str, global_batch: int, base_batch: int, noise_scale: float | None) -> float:

@@ -347,7 +347,7 @@ class HindsightController(BaseController):
                     *(a.tolist() for a in (sim._alpha, sim._beta, sim._exponent, sim._host, sim._k)),
                     # Only when present, so that plans cached before they existed keep their keys.
                     *([extras] if (extras := sim.convergence.params.model_extras()) else []),
-                    *([sim.compute_extras()] if sim.compute_extras() else []),
+                    *([compute] if (compute := sim.compute_extras()) else []),
                 )
             )
             if sim is not None

@@ -113,6 +113,7 @@ class DDPBackend:
             num_classes=NUM_CLASSES,
             workload=f"{cfg.model}/{cfg.dataset}",
             deterministic=False,
+            lr_rule=cfg.lr_rule,
         )
         self.faults = FaultEmulator(
             cfg.scenario,

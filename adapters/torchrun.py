@@ -188,6 +188,7 @@ class DynamixController:
             num_classes=int(num_classes),
             workload=workload,
             deterministic=False,
+            lr_rule=lr_rule,
         )
         self.noise = NoiseScaleEstimator()
         self.policy: Controller | None = None

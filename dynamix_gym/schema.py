@@ -154,7 +154,7 @@ class ObservationSchema:
 
 OBS_SCHEMA = ObservationSchema(SCHEMA_VERSION, WORKER_FEATURES, GLOBAL_FEATURES)
 #: Every observation schema this version can encode (and load bundles for), by version.
-SCHEMA_VERSIONS: tuple[str, ...] = ("1", "2")
+SCHEMA_VERSIONS: tuple[str, ...] = ("1", "2", "3")
 
 
 def check_schema_version(field: str, version: int | str) -> str:
@@ -168,10 +168,15 @@ def check_schema_version(field: str, version: int | str) -> str:
 
 
 def get_schema(version: int | str) -> ObservationSchema:
-    """The observation schema of ``version`` (1: absolute, DYNAMIX's; 2: scale-free)."""
+    """The observation schema of ``version`` (1: absolute, DYNAMIX's; 2: scale-free; 3: scale-free
+    with the learning-rate regime)."""
     text = check_schema_version("obs_schema", version)
     if text == SCHEMA_VERSION:
         return OBS_SCHEMA
+    if text == "3":
+        from dynamix_gym.schema_v3 import OBS_SCHEMA_V3
+
+        return OBS_SCHEMA_V3
     from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
 
     return OBS_SCHEMA_V2
@@ -179,10 +184,15 @@ def get_schema(version: int | str) -> ObservationSchema:
 
 def make_encoder(version: int | str, spec: BackendSpec, window: int = 4):
     """A fresh encoder of schema ``version`` for ``spec`` (:class:`ObservationEncoder` or
-    :class:`dynamix_gym.schema_v2.ScaleFreeEncoder`; both have ``schema``, ``reset`` and ``encode``)."""
+    :class:`dynamix_gym.schema_v2.ScaleFreeEncoder` or its schema-3 subclass
+    :class:`dynamix_gym.schema_v3.RegimeAwareEncoder`; all have ``schema``, ``reset`` and ``encode``)."""
     text = check_schema_version("obs_schema", version)
     if text == SCHEMA_VERSION:
         return ObservationEncoder(spec, window=window)
+    if text == "3":
+        from dynamix_gym.schema_v3 import RegimeAwareEncoder
+
+        return RegimeAwareEncoder(spec, window=window)
     from dynamix_gym.schema_v2 import ScaleFreeEncoder
 
     return ScaleFreeEncoder(spec, window=window)

@@ -211,12 +211,14 @@ class ScaleFreeEncoder(EncoderBase):
         self._inv_width = np.divide(1.0, width, out=np.zeros(n), where=width > 0)
         self._min_list, self._max_list = self._min.tolist(), self._max.tolist()
         # (field, worker) rows of the logged inputs: compute rate, gradient norm and bytes sent.
-        self._flat = np.empty(n * _FW + _FG)
+        # A later schema (3) appends global features after schema 2's (``_extra_globals``).
+        g_features = self.schema.global_features
+        self._flat = np.empty(n * _FW + len(g_features))
         self._raw = self._flat[: n * _FW].reshape(n, _FW)
         low = np.array([f.low for f in WORKER_FEATURES_V2])
         high = np.array([f.high for f in WORKER_FEATURES_V2])
-        g_low = np.array([f.low for f in GLOBAL_FEATURES_V2])
-        g_high = np.array([f.high for f in GLOBAL_FEATURES_V2])
+        g_low = np.array([f.low for f in g_features])
+        g_high = np.array([f.high for f in g_features])
         self._low = np.concatenate([np.tile(low, n), g_low])
         self._high = np.concatenate([np.tile(high, n), g_high])
         scale = 2.0 / (self._high - self._low)
@@ -345,7 +347,7 @@ class ScaleFreeEncoder(EncoderBase):
             g_pos = (math.log2(m) - math.log2(lo_sum)) / (math.log2(hi_sum) - math.log2(lo_sum))
         else:
             g_pos = 0.0
-        self._flat[n * _FW :] = (
+        self._flat[n * _FW : n * _FW + _FG] = (
             (q - self._q0) / span,
             (q - self._val_q[0]) / span,
             math.log2(loss / self._loss0),
@@ -362,9 +364,15 @@ class ScaleFreeEncoder(EncoderBase):
             min(report.reconfig_time_s / interval, 1.0),
             n_live / n,
         )
+        if len(self._flat) > n * _FW + _FG:
+            self._flat[n * _FW + _FG :] = self._extra_globals(m)
         flat = self._flat
         np.maximum(flat, self._low, out=flat)
         np.minimum(flat, self._high, out=flat)
         flat *= self._scale
         flat += self._offset
         return flat.astype(np.float32)
+
+    def _extra_globals(self, global_batch: int) -> tuple[float, ...]:
+        """Raw values of the global features a later schema appends (none in schema 2)."""
+        return ()

@@ -56,6 +56,8 @@ _KNOT_FIELDS = ("progress_knots", "log_grad_sqr", "log_grad_var", "shape_x", "sh
 
 #: Resolution of the lookup tables that replace spline calls on the simulator's hot path.
 _TABLE_POINTS = 4096
+#: Future progress points at which :meth:`ConvergenceModel.progress_to_accuracy` reads a held batch.
+_HELD_POINTS = 1024
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,34 @@ class ConvergenceModel:
         p = self.params
         s = float(np.interp(progress / self.stretch(memory_log2), self._shape_grid, self._shape))
         return p.acc_chance + (self.ceiling(memory_log2) - p.acc_chance) * s
+
+    def progress_to_accuracy(
+        self, accuracy: float, global_batch: np.ndarray, progress: float, memory_log2: float
+    ) -> np.ndarray:
+        """Progress at which the true validation accuracy first reaches ``accuracy`` if each global
+        batch of ``global_batch`` is held from now on (``progress``, batch memory ``memory_log2``),
+        the memory moving toward it as :meth:`update_batch_memory` moves it; ``math.inf`` where it
+        is never reached. Vectorised over the batches: (C,) in, (C,) out."""
+        p = self.params
+        target = np.log2(np.asarray(global_batch, dtype=np.float64))[:, None]  # (C, 1)
+        top_doublings = max(0.0, float(target.max()) - self._log2_ref, memory_log2 - self._log2_ref)
+        end = max(progress, self._shape_grid[-1] * 2.0 ** (top_doublings * p.stretch_exponent))
+        future = np.linspace(progress, end, _HELD_POINTS)[None, :]  # (1, G)
+        memory = target + (memory_log2 - target) * np.exp(-(future - progress) / p.batch_memory_progress)
+        acc = self.accuracy_many(future, memory)  # (C, G)
+        above = acc >= accuracy
+        first = np.argmax(above, axis=1)
+        out = np.full(len(first), math.inf)
+        for c, i in enumerate(first):
+            if not above[c, i]:
+                continue
+            if i == 0:
+                out[c] = progress
+                continue
+            a0, a1 = acc[c, i - 1], acc[c, i]
+            x0, x1 = future[0, i - 1], future[0, i]
+            out[c] = x1 if a1 <= a0 else x0 + (accuracy - a0) / (a1 - a0) * (x1 - x0)
+        return out
 
     def accuracy_many(self, progress: np.ndarray, memory_log2: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`accuracy` over broadcast arrays."""

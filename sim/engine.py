@@ -174,6 +174,13 @@ class Simulator:
         return self._progress
 
     @property
+    def batch_memory_log2(self) -> float | None:
+        """The accuracy model's batch memory (EMA of log2 of the global batch; None before the first
+        interval)."""
+        self._require_reset()
+        return self._batch_memory
+
+    @property
     def fault_log(self):
         self._require_reset()
         return list(self._state.log)

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sim.scaling import LR_RULES as _LR_RULES
 from sim.workloads import ACCURACY, QualityMetric
 
 #: Per-worker fields (arrays of shape (num_workers,)), in a stable order.
@@ -227,6 +228,9 @@ class BackendSpec:
     #: the workload's validation metric: reports carry it as the quality ``val_accuracy``, tables
     #: show ``metric.from_quality(val_accuracy)`` in the metric's own units
     metric: QualityMetric = ACCURACY
+    #: how the job sets its learning rate when the global batch changes (:data:`sim.scaling.LR_RULES`;
+    #: ``none``: it does not, so a larger batch trades final accuracy for speed)
+    lr_rule: str = "adascale"
 
     @property
     def num_workers(self) -> int:
@@ -234,6 +238,8 @@ class BackendSpec:
 
     def __post_init__(self) -> None:
         n = len(self.gpu_types)
+        if self.lr_rule not in _LR_RULES:
+            raise ValueError(f"BackendSpec.lr_rule must be one of {list(_LR_RULES)}, got {self.lr_rule!r}")
         for name in ("min_batch", "max_batch", "initial_batch"):
             arr = np.asarray(getattr(self, name))
             if arr.shape != (n,):
@@ -280,3 +286,8 @@ class GroundTruth(Protocol):
 
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         """Training progress (base-batch steps) one step at ``global_batch`` makes at ``progress``."""
+
+    def progress_to_target(self, global_batches: np.ndarray) -> np.ndarray:
+        """Progress at which the true validation quality would reach the target if each of
+        ``global_batches`` were held from now on (the accuracy model's batch memory moving toward
+        it); ``inf`` where it never would."""

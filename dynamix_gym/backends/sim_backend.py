@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,15 @@ class SimGroundTruth:
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         return self._sim.convergence.progress_per_step(global_batch, progress)
 
+    def progress_to_target(self, global_batches: np.ndarray) -> np.ndarray:
+        sim = self._sim
+        memory = sim.batch_memory_log2
+        if memory is None:  # before the first interval: the memory starts at the first batch
+            memory = math.log2(float(np.max(global_batches)))
+        return sim.convergence.progress_to_accuracy(
+            sim.workload.target_quality, np.asarray(global_batches, dtype=np.float64), sim.progress, memory
+        )
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimGroundTruth)
 
@@ -119,4 +129,5 @@ def simulator_spec(sim: Simulator, initial_batch: int | None, time_budget_s: flo
         workload=wl.name,
         deterministic=True,
         metric=wl.metric,
+        lr_rule=sim.convergence.lr_rule,
     )

@@ -15,7 +15,9 @@ and its hidden state through ``report.truth``, as the greedy oracle does):
   budget) starting at the batch itself as the benchmark's static grid does (so the limit is never
   behind the best static batch);
 * the greedy goodput oracle (:class:`~dynamix_gym.controllers.oracle.OracleController`) over a grid of
-  its ``batch_penalty`` and ``min_gain`` (so the limit is never behind the teacher);
+  its ``batch_penalty`` and ``min_gain`` (so the limit is never behind the teacher), and its
+  time-to-target form (``objective="time_to_target"``) over the ``min_gain`` grid, after the search
+  and outside its budget like the own-start statics;
 * :class:`ScheduleController`: a global batch that follows a piecewise-linear schedule of
   ``log2 M`` over training progress, split every interval so that the workers' true compute times
   are equal, with hysteresis against reconfiguration pauses. Its knots are searched by the
@@ -329,8 +331,12 @@ class HindsightController(BaseController):
         backend = base.backend
         sim = getattr(backend, "sim", None)
         parts = {
+            # ``lr_rule`` is the simulator's (below, with its convergence model); left out here so
+            # that plans cached before the spec carried it keep their keys.
             "spec": {
-                k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in vars(backend.spec).items()
+                k: (v.tolist() if isinstance(v, np.ndarray) else v)
+                for k, v in vars(backend.spec).items()
+                if k != "lr_rule"
             },
             "interval": base.interval,
             "max_decisions": base.max_decisions,
@@ -372,6 +378,8 @@ class HindsightController(BaseController):
             record["key"] = key
         if self._own_start_statics(env, seed, record):  # new candidates since it was cached
             fresh = True
+        if self._time_to_target_oracles(env, seed, record):
+            fresh = True
         self.search_log = record
         self._inner = make_candidate(record["plan"])
         if cached is not None and fresh:
@@ -406,6 +414,30 @@ class HindsightController(BaseController):
                     time_to_accuracy_s=result["time_s"] if result["reached"] else None,
                 )
         record["best_by_kind"]["static_own_start"] = min(scores.values(), default=math.inf)
+        return added
+
+    def _time_to_target_oracles(self, env: Any, seed: int, record: dict[str, Any]) -> bool:
+        """The time-to-target oracle (:class:`OracleController` with ``objective="time_to_target"``)
+        at every ``oracle_min_gains`` value, tried after the search and outside its budget like
+        :meth:`_own_start_statics` (so that plans cached before it existed gain it without a new
+        search, and the limit is never behind it). Returns whether any was new."""
+        scores = record.setdefault("time_to_target_oracles", {})
+        added = False
+        for g in self.oracle_min_gains:
+            if str(g) in scores:
+                continue
+            desc = {"kind": "oracle", "objective": "time_to_target", "batch_penalty": 0.0, "min_gain": g}
+            result = replay(env, make_candidate(desc), seed)
+            scores[str(g)] = result["score"]
+            added = True
+            if result["score"] < record["score"]:
+                record.update(
+                    plan=desc,
+                    score=result["score"],
+                    reached=result["reached"],
+                    time_to_accuracy_s=result["time_s"] if result["reached"] else None,
+                )
+        record["best_by_kind"]["oracle_time_to_target"] = min(scores.values(), default=math.inf)
         return added
 
     def search(self, env: Any, seed: int) -> dict[str, Any]:

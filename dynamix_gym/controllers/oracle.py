@@ -14,6 +14,9 @@ from sim.protocol import BackendSpec, GroundTruth
 _TRUTH_VALUES = ("progress", "alive")
 #: Local batches at which the true compute times are tabulated for the equal-time split.
 _TABLE_POINTS = 384
+#: What the oracle maximises: ``goodput`` (progress per second) or ``time_to_target`` (the
+#: shortest true time to the target accuracy at a held batch).
+OBJECTIVES = ("goodput", "time_to_target")
 
 
 def ground_truth(info: dict[str, Any], who: str) -> tuple[Any, GroundTruth]:
@@ -66,10 +69,22 @@ class OracleController(BaseController):
        the best candidate replaces the batches in force only if its goodput beats theirs by more
        than ``min_gain`` (relative).
 
+    With ``objective="time_to_target"`` step 2 scores a candidate by the true time it would take
+    to reach the target if it were held: the progress still needed,
+    ``info["ground_truth"].progress_to_target(M) - p`` (the accuracy model's plateau and stretch
+    as its batch memory moves from where it is toward M; infinite where the target is never
+    reached), over the unpenalised goodput. This is the oracle that sees the accuracy trade-off of the no-scaling
+    regime (a larger batch lowers the plateau), which the goodput objective cannot; it takes no
+    ``batch_penalty`` (the stretch it stands in for is modelled), and falls back to goodput where
+    no candidate can reach the target any more. The change rule of step 3 reads "a shorter time by
+    more than ``min_gain``".
+
     Args:
         grid_points: number of global batches searched (>= 2).
         min_gain: relative goodput improvement a change must bring, in [0, 1).
-        batch_penalty: exponent s of the large-batch penalty above, in [0, 1].
+        batch_penalty: exponent s of the large-batch penalty above, in [0, 1]; 0 with
+            ``objective="time_to_target"``.
+        objective: ``goodput`` (the default, rule 2) or ``time_to_target``.
 
     Raises:
         RuntimeError: from :meth:`predict` when ``report.truth`` is ``None`` (a real backend) or
@@ -79,13 +94,27 @@ class OracleController(BaseController):
     name: ClassVar[str] = "oracle"
     uses_truth: ClassVar[bool] = True
 
-    def __init__(self, grid_points: int = 48, min_gain: float = 0.02, batch_penalty: float = 0.1) -> None:
+    def __init__(
+        self,
+        grid_points: int = 48,
+        min_gain: float = 0.02,
+        batch_penalty: float = 0.1,
+        objective: str = "goodput",
+    ) -> None:
         if isinstance(grid_points, bool) or int(grid_points) != grid_points or grid_points < 2:
             raise ValueError(f"OracleController.grid_points must be an integer >= 2, got {grid_points!r}")
         if not 0.0 <= min_gain < 1.0:
             raise ValueError(f"OracleController.min_gain must be in [0, 1), got {min_gain!r}")
         if not 0.0 <= batch_penalty <= 1.0:
             raise ValueError(f"OracleController.batch_penalty must be in [0, 1], got {batch_penalty!r}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"OracleController.objective must be one of {OBJECTIVES}, got {objective!r}")
+        if objective == "time_to_target" and batch_penalty != 0.0:
+            raise ValueError(
+                "OracleController.batch_penalty must be 0 with objective='time_to_target' (the "
+                f"accuracy model's stretch is modelled there), got {batch_penalty!r}"
+            )
+        self.objective = objective
         self.grid_points = int(grid_points)
         self.min_gain = float(min_gain)
         self.batch_penalty = float(batch_penalty)
@@ -116,14 +145,20 @@ class OracleController(BaseController):
         table = model.compute_time_s(np.repeat(self._grid[:, None], spec.num_workers, axis=1))[:, alive]
         totals = np.unique(np.rint(np.geomspace(lo.sum(), hi.sum(), self.grid_points)))
         splits, _ = equal_time_split(self._grid, table, totals, lo, hi)
-        best, best_rate = current, self.goodput(model, progress, current, alive)
-        current_rate = best_rate
+        cands = [current]
         for m, split in zip(totals, splits, strict=True):
             cand = current.copy()
             cand[alive] = round_to_total(split, int(m), lo, hi)
-            rate = self.goodput(model, progress, cand, alive)
-            if rate > best_rate:
-                best, best_rate = cand, rate
-        if best_rate <= current_rate * (1.0 + self.min_gain):
-            best = current
-        return best.astype(np.float32), None
+            cands.append(cand)
+        rates = np.array([self.goodput(model, progress, c, alive) for c in cands])
+        if self.objective == "time_to_target":
+            need = model.progress_to_target(np.array([float(c[alive].sum()) for c in cands])) - progress
+            times = np.maximum(need, 0.0) / rates
+            if np.isfinite(times).any():
+                best = int(np.argmin(times))
+                keep = times[best] >= times[0] * (1.0 - self.min_gain)
+                return (current if keep else cands[best]).astype(np.float32), None
+        best = int(np.argmax(rates))  # the first of equals: the batches in force win ties
+        if rates[best] <= rates[0] * (1.0 + self.min_gain):
+            best = 0
+        return cands[best].astype(np.float32), None

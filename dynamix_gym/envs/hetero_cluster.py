@@ -58,7 +58,8 @@ class HeteroClusterEnv(gym.Env):
     ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
     float32)``, table in :mod:`dynamix_gym.schema_v2` (batches against the worker's range and the
     noise scale, times and throughput as trends against the run's first interval, gradient
-    statistics as ratios). Default, schema 1:
+    statistics as ratios); ``obs_schema=3`` adds the job's learning-rate regime to it
+    (``Box(-1, 1, (N * 14 + 17,), float32)``, :mod:`dynamix_gym.schema_v3`). Default, schema 1:
     ``Box(-1, 1, (N * 19 + 13,), float32)``: the 19 per-worker features of every worker, then the
     13 global features, each clipped to its raw range and mapped onto [-1, 1]
     (:data:`dynamix_gym.OBS_SCHEMA`; version 1):
@@ -123,7 +124,8 @@ class HeteroClusterEnv(gym.Env):
     action_set=None, max_decisions=None, time_budget_s=None, initial_batch=None, window=4,
     backend=None, sim_kwargs=None, profile=None, obs_schema=1)``. ``action_set=None`` is the
     mode's default (deltas (-100, -25, 0, 25, 100); factors (0.5, 0.8, 1, 1.25, 2) in ``scale``
-    mode); ``obs_schema`` is 1 (absolute, DYNAMIX's) or 2 (scale-free). ``workers=N``
+    mode); ``obs_schema`` is 1 (absolute, DYNAMIX's), 2 (scale-free) or 3 (scale-free with the
+    learning-rate regime). ``workers=N``
     builds the default T4/V100 mix with N workers; ``backend`` (any :class:`dynamix_gym.Backend`)
     replaces the simulator; ``reward`` is a kind name, a mapping of :class:`RewardConfig` fields or
     a config. ``profile`` (a calibrated cluster profile's path or name, :mod:`sim.profile`)

@@ -98,6 +98,7 @@ def collect_expert_data(
     gamma: float,
     seed: int,
     expert: str = "oracle",
+    expert_kwargs: dict | None = None,
     tolerance: float | None = None,
     policy=None,
     obs_fn=None,
@@ -108,10 +109,12 @@ def collect_expert_data(
 
     Without ``policy`` the expert acts (behaviour cloning data). With ``policy`` (an SB3 model;
     ``obs_fn`` normalises its input) the policy acts and the expert only labels: DAgger's data,
-    the states the learner itself visits (Ross et al., AISTATS 2011).
+    the states the learner itself visits (Ross et al., AISTATS 2011). ``expert_kwargs`` are the
+    expert's parameters (e.g. ``{"objective": "time_to_target", "batch_penalty": 0.0}`` for the
+    time-to-target oracle).
     """
     obs_rows, acts, rets, ttas = [], [], [], []
-    controller = make_controller(expert)
+    controller = make_controller(expert, **dict(expert_kwargs or {}))
     rng = np.random.default_rng(seed)
     for ep in range(episodes):
         n = sizes[ep % len(sizes)]

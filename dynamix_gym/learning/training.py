@@ -72,7 +72,8 @@ class TrainConfig:
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
     finetune_from: str | None = None  # start from this bundle instead of a fresh policy
     # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
-    # {"expert": "oracle", "episodes": 120, "epochs": 20}; see dynamix_gym.learning.imitation.
+    # {"expert": "oracle", "episodes": 120, "epochs": 20}, with the expert's parameters in
+    # "expert_kwargs"; see dynamix_gym.learning.imitation.
     expert_pretrain: dict[str, Any] | None = None
 
 
@@ -325,6 +326,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         gamma=gamma,
         seed=cfg.seed + 7919,
         expert=str(opts.get("expert", "oracle")),
+        expert_kwargs=dict(opts.get("expert_kwargs") or {}),
         action_mode=cfg.action_mode,
     )
     scale = 1.0
@@ -354,6 +356,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             gamma=gamma,
             seed=cfg.seed + 104729 * (k + 1),
             expert=str(opts.get("expert", "oracle")),
+            expert_kwargs=dict(opts.get("expert_kwargs") or {}),
             policy=model,
             obs_fn=obs_fn,
             action_mode=cfg.action_mode,

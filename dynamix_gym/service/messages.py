@@ -29,6 +29,7 @@ import numpy as np
 from dynamix_gym.schema import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
 from sim.protocol import BackendSpec, IntervalReport
+from sim.scaling import LR_RULES
 
 #: The largest job a service accepts (workers); bounds every per-worker array of a message.
 MAX_WORKERS = 1024
@@ -110,6 +111,7 @@ def spec_to_proto(spec: BackendSpec) -> pb.ClusterSpec:
         target_accuracy=float(spec.target_accuracy),
         time_budget_s=float(spec.time_budget_s) if math.isfinite(spec.time_budget_s) else 0.0,
         num_classes=int(spec.num_classes),
+        lr_rule=spec.lr_rule,
     )
 
 
@@ -160,6 +162,9 @@ def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
         raise FieldError("spec.time_budget_s", f"must lie in [0, 1e9] s (0: no budget), got {budget}")
     if not 2 <= msg.num_classes <= 1_000_000:
         raise FieldError("spec.num_classes", f"must lie in [2, 1000000], got {msg.num_classes}")
+    lr_rule = msg.lr_rule or "adascale"
+    if lr_rule not in LR_RULES:
+        raise FieldError("spec.lr_rule", f"must be one of {list(LR_RULES)} (or empty: adascale)")
     return BackendSpec(
         gpu_types=tuple(msg.gpu_types),
         node_of_worker=tuple(int(x) for x in node),
@@ -172,6 +177,7 @@ def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
         num_classes=int(msg.num_classes),
         workload=workload or "user",
         deterministic=False,
+        lr_rule=lr_rule,
     )
 
 

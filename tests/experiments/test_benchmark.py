@@ -104,6 +104,7 @@ def test_hindsight_is_never_beaten(task):
     assert limit == pytest.approx(limit_ctrl.search_log["score"], rel=1e-12)
     rivals = {name: make_controller(name) for name in RIVALS}
     rivals |= {f"static-{b}": make_controller("static", batch=b) for b in (32, 128, 512, 2048)}
+    rivals["oracle-time-to-target"] = make_controller("oracle", objective="time_to_target", batch_penalty=0.0)
     # ... and static jobs that start at their batch, as the benchmark's grid does (65536: every
     # worker at its memory cap).
     rivals |= {
@@ -128,6 +129,7 @@ def test_hindsight_caches_and_replays_its_plan(tmp_path):
         record["plan"] == first.search_log["plan"]
         and record["candidates"] >= 2
         and record["own_start_statics"]
+        and set(record["time_to_target_oracles"]) == {str(g) for g in first.oracle_min_gains}
     )
     again = HindsightController(**{**QUICK, "budget": 4_000}, cache_dir=tmp_path, time_limit_s=1e-6)
     assert _tta(run_episode(_env(task, "absolute"), again, 3)) == tta

@@ -367,3 +367,42 @@ def test_lr_limit_acts_alike_in_the_scalar_and_the_vector_path_and_stays_out_of_
             assert scalar[-1] < cb.progress_per_step(m[-1], p[-1])
     with pytest.raises(ValueError, match="lr_stable_gain"):
         replace(base, lr_stable_gain=0.5)
+
+
+# --- progress to a target at a held batch (the time-to-target oracle's model) ----------------------
+def _held_reference(model: ConvergenceModel, target: float, batch: float, p0: float, m0: float) -> float:
+    """Step the batch memory and the accuracy forward in small progress steps (the simulator's
+    update, not the vectorised one) until the accuracy reaches ``target``."""
+    p, m, dp = p0, m0, model.params.total_progress / 20000
+    for _ in range(200_000):
+        if model.accuracy(p, m) >= target:
+            return p
+        m = model.update_batch_memory(m, batch, dp)
+        p += dp
+    return math.inf
+
+
+@pytest.mark.parametrize("app", ["cifar10", "cifar100_resnet34"])
+def test_progress_to_accuracy_matches_a_stepped_reference(app):
+    model = ConvergenceModel(convergence_params(app), get_workload(app).lr_rule)
+    target = get_workload(app).target_quality
+    total = model.params.total_progress
+    batches = np.array([128.0, 256.0, 512.0, 4096.0])
+    for p0, m0 in ((0.0, math.log2(512)), (0.3 * total, math.log2(2048)), (0.6 * total, math.log2(256))):
+        got = model.progress_to_accuracy(target, batches, p0, m0)
+        for b, g in zip(batches, got, strict=True):
+            want = _held_reference(model, target, b, p0, m0)
+            if math.isinf(want):
+                assert math.isinf(g), (app, b, p0)
+            else:
+                assert g == pytest.approx(want, rel=0.01, abs=2 * total / 20000), (app, b, p0)
+    if app == "cifar100_resnet34":  # no scaling: 3 points per doubling, 0.82 at 256, target 0.76
+        far = model.progress_to_accuracy(target, batches, 0.0, math.log2(256))
+        assert far[0] == far[1] < far[2] and math.isinf(far[3])  # flat below the reference batch
+
+
+def test_progress_to_accuracy_at_or_past_the_target():
+    model = ConvergenceModel(convergence_params("cifar10"))
+    done = model.progress_to_accuracy(0.0, np.array([128.0]), 100.0, 7.0)
+    assert done.tolist() == [100.0]
+    assert math.isinf(model.progress_to_accuracy(0.999, np.array([128.0]), 0.0, 7.0)[0])

@@ -216,8 +216,8 @@ def test_schema_registry_and_tables():
         assert f.low < f.high, f.name
     spec = HeteroClusterEnv(workers=2).backend.spec
     assert isinstance(make_encoder(2, spec), ScaleFreeEncoder)
-    for bad in (3, "v2", None, True, 1.0):
-        with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2'\]"):
+    for bad in (4, "v2", None, True, 1.0):
+        with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
             HeteroClusterEnv(workers=2, obs_schema=bad)
 
 

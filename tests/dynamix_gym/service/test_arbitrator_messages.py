@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -36,8 +37,19 @@ def reports():
 def test_spec_round_trip(reports):
     spec, _ = reports
     back = spec_from_proto(spec_to_proto(spec), spec.workload)
-    for name in ("gpu_types", "node_of_worker", "base_batch", "target_accuracy", "num_classes", "workload"):
+    names = (
+        "gpu_types",
+        "node_of_worker",
+        "base_batch",
+        "target_accuracy",
+        "num_classes",
+        "workload",
+        "lr_rule",
+    )
+    for name in names:
         assert getattr(back, name) == getattr(spec, name)
+    none = dataclasses.replace(spec, lr_rule="none")
+    assert spec_from_proto(spec_to_proto(none), "w").lr_rule == "none"
     for name in ("min_batch", "max_batch", "initial_batch"):
         np.testing.assert_array_equal(getattr(back, name), getattr(spec, name))
     assert back.time_budget_s == spec.time_budget_s
@@ -102,7 +114,7 @@ def test_registration_checks(reports):
     bad.CopyFrom(ok)
     bad.schema_version = "0"
     with pytest.raises(
-        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2'\\]"
+        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\]"
     ):
         check_register(bad)
     bad.CopyFrom(ok)
@@ -113,6 +125,14 @@ def test_registration_checks(reports):
     s.min_batch[1] = int(s.max_batch[1]) + 1
     with pytest.raises(FieldError, match=r"spec\.min_batch"):
         spec_from_proto(s, "w")
+    s = spec_to_proto(spec)
+    s.lr_rule = "cubic"
+    with pytest.raises(
+        FieldError, match=r"spec\.lr_rule: must be one of \['adascale', 'linear', 'sqrt', 'none'\]"
+    ):
+        spec_from_proto(s, "w")
+    s.lr_rule = ""  # a client from before the field: AdaScale, the default
+    assert spec_from_proto(s, "w").lr_rule == "adascale"
     s = spec_to_proto(spec)
     del s.gpu_types[:]
     with pytest.raises(FieldError, match=r"spec.gpu_types: a job has 1 to 1024 workers, got 0"):

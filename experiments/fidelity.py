@@ -36,6 +36,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.measurement.compare import ppo_advantage, ranking, tta_table
 from dynamix_gym.measurement.profiling import quiet_wait
 from experiments import fidelity_summary as fs
@@ -106,8 +107,10 @@ def measure(setup: Setup) -> dict[str, Any]:
     try:
         for seed, sp in tqdm(todo, desc="real episodes", disable=not cfg.progress):
             loads.append(os.getloadavg()[0])
-            mode = spec_controller(sp).action_mode
-            env = reals.env(sp["initial_batch"], mode, interval, str(cfg.reward))
+            ctrl = spec_controller(sp)
+            env = reals.env(
+                sp["initial_batch"], ctrl.action_mode, interval, str(cfg.reward), env_options(ctrl)
+            )
             runs.append(run_one(env, sp, int(seed), "real", scenario.name))
             log.info(
                 "real %s seed %s: %s",
@@ -121,8 +124,17 @@ def measure(setup: Setup) -> dict[str, Any]:
     load_end = [round(x, 2) for x in os.getloadavg()]
     sims = [(s_, sp) for s_ in cfg.sim_seeds for sp in specs]
     for seed, sp in tqdm(sims, desc="simulated episodes", disable=not cfg.progress):
-        mode = spec_controller(sp).action_mode
-        env = sim_env(profile, scenario, sp["initial_batch"], mode, interval, str(cfg.reward), budget)
+        ctrl = spec_controller(sp)
+        env = sim_env(
+            profile,
+            scenario,
+            sp["initial_batch"],
+            ctrl.action_mode,
+            interval,
+            str(cfg.reward),
+            budget,
+            env_options(ctrl),
+        )
         runs.append(run_one(env, sp, int(seed), "sim", scenario.name))
     timelines = pd.concat([r.pop("timeline") for r in runs], ignore_index=True)
     return {

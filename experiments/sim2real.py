@@ -129,8 +129,16 @@ class RealEnvs:
         self.backends: dict[tuple, Any] = {}
 
     def env(
-        self, initial_batch: int | None, action_mode: str, interval: int, reward: str, **overrides: Any
+        self,
+        initial_batch: int | None,
+        action_mode: str,
+        interval: int,
+        reward: str,
+        env_kwargs: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> HeteroClusterEnv:
+        """The env over the backend of ``initial_batch`` and ``overrides``; ``env_kwargs`` are the
+        controller's own env options (a bundle's ``obs_schema`` and ``action_set``)."""
         from adapters.config import RealDDPConfig
         from adapters.ddp_backend import DDPBackend
 
@@ -140,7 +148,11 @@ class RealEnvs:
                 RealDDPConfig(**{**self.base, "initial_batch": initial_batch, **overrides})
             )
         return HeteroClusterEnv(
-            backend=self.backends[key], action_mode=action_mode, interval=interval, reward=reward
+            backend=self.backends[key],
+            action_mode=action_mode,
+            interval=interval,
+            reward=reward,
+            **dict(env_kwargs or {}),
         )
 
     def close(self) -> None:
@@ -156,6 +168,7 @@ def sim_env(
     interval: int,
     reward: str,
     budget_s: float,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> HeteroClusterEnv:
     return HeteroClusterEnv(
         profile=profile,
@@ -165,6 +178,7 @@ def sim_env(
         interval=interval,
         reward=reward,
         time_budget_s=budget_s,
+        **dict(env_kwargs or {}),
     )
 
 

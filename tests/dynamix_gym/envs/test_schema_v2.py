@@ -388,9 +388,9 @@ def test_a_schema2_bundle_records_its_schema_and_refuses_a_schema1_env(tmp_path)
     (path / "bundle.json").write_text(json.dumps(raw))
     with pytest.raises(BundleMismatchError, match="differ from that schema"):
         load_bundle(path)
-    raw["schema_version"] = "3"
+    raw["schema_version"] = "4"
     (path / "bundle.json").write_text(json.dumps(raw))
-    with pytest.raises(BundleMismatchError, match=r"schema '3'.*\['1', '2'\]"):
+    with pytest.raises(BundleMismatchError, match=r"schema '4'.*\['1', '2', '3'\]"):
         load_bundle(path)
 
 

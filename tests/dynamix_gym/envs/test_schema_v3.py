@@ -8,8 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from stable_baselines3 import PPO
 
 from dynamix_gym import HeteroClusterEnv
+from dynamix_gym.controllers.bundle import BundleMeta, BundleMismatchError, PPOController, save_bundle
+from dynamix_gym.envs.vec_env import PerWorkerVecEnv
+from dynamix_gym.evaluation import run_episode
 from dynamix_gym.schema import get_schema, make_encoder
 from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
 from dynamix_gym.schema_v3 import OBS_SCHEMA_V3, RegimeAwareEncoder
@@ -54,3 +58,16 @@ def test_lr_rule_of_a_spec_is_checked_by_name():
         ValueError, match=r"BackendSpec\.lr_rule must be one of \['adascale', 'linear', 'sqrt', 'none'\]"
     ):
         dataclasses.replace(spec, lr_rule="cubic")
+
+
+def test_a_schema3_bundle_runs_on_schema3_and_refuses_schema2(tmp_path):
+    vec = PerWorkerVecEnv([lambda: HeteroClusterEnv(workers=3, obs_schema=3, max_decisions=3)])
+    assert vec.observation_space.shape == (OBS_SCHEMA_V3.per_worker_dim,)
+    model = PPO("MlpPolicy", vec, n_steps=8, batch_size=8, seed=0, device="cpu")
+    meta = BundleMeta(obs_form="per_worker", action_set=[-100, -25, 0, 25, 100], schema_version="3")
+    path = save_bundle(tmp_path / "b", model, meta, None)
+    controller = PPOController(path)
+    env = HeteroClusterEnv(workers=4, obs_schema=3, max_decisions=3, workload="cifar100_resnet34")
+    assert run_episode(env, controller, seed=0).summary["decisions"] == 3
+    with pytest.raises(BundleMismatchError, match=r"schema '3'.*obs_schema=3"):
+        run_episode(HeteroClusterEnv(workers=4, obs_schema=2, max_decisions=3), controller, seed=0)

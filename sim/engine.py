@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import simpy
 from sim.cluster import ClusterSpec, get_cluster
 from sim.convergence import ConvergenceModel
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
-from sim.hardware import smooth_max
+from sim.hardware import ComputeParams, smooth_max
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.protocol import IntervalReport
@@ -72,6 +73,9 @@ class Simulator:
             shipped ones, and its cluster, workload and overheads are the defaults.
         interval_overhead_s: fixed wall time every interval costs besides its iterations
             (coordination, validation); ``None``: the profile's, else 0.
+        compute_params: per GPU type, a :class:`~sim.hardware.ComputeParams` that replaces the
+            fitted one (generated worlds: :class:`dynamix_gym.envs.randomized.DomainRandomization`
+            draws them around the fitted curves); every key must be a GPU type of the cluster.
 
     Same seed, same reports, to the bit.
     """
@@ -90,6 +94,7 @@ class Simulator:
         lr_rule: str | None = None,
         profile: str | Path | ClusterProfile | None = None,
         interval_overhead_s: float | None = None,
+        compute_params: Mapping[str, ComputeParams] | None = None,
     ) -> None:
         prof = load_profile(profile) if profile is not None else None
         self.profile = prof
@@ -121,7 +126,19 @@ class Simulator:
         n = self.cluster.num_workers
         self.gpu_types = self.cluster.gpu_types
         self.node_of_worker = self.cluster.node_of_worker
-        cps = [models.compute_params(g, wl.app) for g in self.gpu_types]
+        own = dict(compute_params or {})
+        unknown = sorted(set(own) - set(self.gpu_types))
+        if unknown:
+            raise ValueError(
+                f"compute_params names GPU types {unknown} that the cluster does not have "
+                f"(its types: {sorted(set(self.gpu_types))})"
+            )
+        for g, cp in own.items():
+            if not isinstance(cp, ComputeParams):
+                raise ValueError(
+                    f"compute_params[{g!r}] must be a sim.hardware.ComputeParams, got {type(cp).__name__}"
+                )
+        cps = [own[g] if g in own else models.compute_params(g, wl.app) for g in self.gpu_types]
         self._alpha = np.array([p.alpha_s for p in cps]) * wl.flops_scale
         self._beta = np.array([p.beta_s for p in cps]) * wl.flops_scale
         self._exponent = np.array([p.exponent for p in cps])

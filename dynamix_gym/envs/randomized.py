@@ -12,8 +12,10 @@ from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
 from sim.faults import FaultWindow, get_scenario, scale_intensity
+from sim.hardware import ComputeParams, compute_params
 from sim.profile import ClusterProfile, load_profile
 from sim.validation import check_choice, check_int, check_min_max, check_range
+from sim.workloads import get_workload
 
 
 @lru_cache(maxsize=8)
@@ -30,6 +32,14 @@ class DomainRandomization:
     a scenario family from ``scenarios`` with its fault rates scaled by ~ U(intensity), a workload
     from ``workloads``, and 0 to ``throttle_windows`` scheduled throttling windows (a random worker
     at speed x U(window_factor) from U(window_start_s) for U(window_duration_s) seconds).
+
+    Generated compute curves (off by default): with ``compute_sd`` > 0 or an ``exponent_scale``
+    other than (1, 1), every GPU type of the episode's cluster gets its fitted curve
+    (:class:`sim.hardware.ComputeParams` of the workload's application) redrawn: launch floor
+    ``alpha_s``, per-sample cost ``beta_s`` and host floor ``host_s`` each times exp(N(0,
+    compute_sd)), and the batch exponent times U(exponent_scale), within [0.25, 2] (an exponent
+    above 1: a larger batch costs more per sample, as on the CPU ranks of the fidelity profile,
+    1.23; the fitted GPU curves lie at 0.25-1.03). Memory caps stay the fitted ones.
 
     With ``profile`` (a calibrated cluster profile, see ``python -m experiments.calibrate``) the
     cluster, workload and fitted models are the profile's: ``workers`` must equal its worker count,
@@ -54,6 +64,8 @@ class DomainRandomization:
     #: one worker and the rest split by a flat Dirichlet draw.
     gpu_types: tuple[str, ...] = ()
     max_types: int = 4
+    compute_sd: float = 0.0
+    exponent_scale: tuple[float, float] = (1.0, 1.0)
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -69,6 +81,17 @@ class DomainRandomization:
         if len(set(self.gpu_types)) != len(self.gpu_types):
             raise ValueError(f"domain.gpu_types lists a type twice: {list(self.gpu_types)}")
         check_range("domain.speed_sd", self.speed_sd, 0.0, 2.0)
+        check_range("domain.compute_sd", self.compute_sd, 0.0, 2.0)
+        if len(self.exponent_scale) != 2:
+            raise ValueError(f"domain.exponent_scale must be a [low, high] pair, got {self.exponent_scale!r}")
+        for i, v in enumerate(self.exponent_scale):
+            check_range(f"domain.exponent_scale[{i}]", v, 0.1, 10.0)
+        check_min_max(
+            "domain.exponent_scale[0]",
+            self.exponent_scale[0],
+            "domain.exponent_scale[1]",
+            self.exponent_scale[1],
+        )
         check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
         check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
@@ -142,7 +165,23 @@ class DomainRandomization:
             if cv is not None:  # the measured per-iteration spread of this cluster
                 scenario = replace(scenario, compute_noise_cv=float(min(max(cv, 0.0), 1.0)))
             return {"cluster": prof.cluster, "scenario": scenario, "workload": prof.workload, "profile": prof}
-        return {"cluster": cluster, "scenario": scenario, "workload": workload}
+        out = {"cluster": cluster, "scenario": scenario, "workload": workload}
+        if self.compute_sd > 0.0 or tuple(self.exponent_scale) != (1.0, 1.0):
+            out["compute_params"] = self._generated_compute(rng, cluster, workload)
+        return out
+
+    def _generated_compute(self, rng: np.random.Generator, cluster, workload) -> dict[str, ComputeParams]:
+        app = get_workload(workload).app
+        out = {}
+        for g in sorted(set(cluster.gpu_types)):
+            base = compute_params(g, app)
+            a, b, h = np.exp(self.compute_sd * rng.standard_normal(3))
+            e = float(np.clip(base.exponent * rng.uniform(*self.exponent_scale), 0.25, 2.0))
+            out[g] = replace(
+                base, alpha_s=base.alpha_s * float(a), beta_s=base.beta_s * float(b), host_s=base.host_s * float(h),
+                exponent=e,
+            )  # fmt: skip
+        return out
 
 
 class RandomizedClusterEnv(HeteroClusterEnv):

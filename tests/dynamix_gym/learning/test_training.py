@@ -202,6 +202,42 @@ def test_generated_worlds_mix_one_to_four_types_and_refuse_unknown_ones():
         DomainRandomization(gpu_types=("T4", "T4"))
 
 
+def test_generated_compute_curves_are_drawn_per_type_and_reach_the_simulator():
+    from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+    from sim.engine import Simulator
+    from sim.hardware import compute_params
+
+    plain = DomainRandomization(workers=4, gpu_types=("T4", "V100"), workloads=("cifar10",))
+    # Off by default: the draws (and so every committed training run) are what they were.
+    assert "compute_params" not in plain.sample(np.random.default_rng(0))
+    dom = DomainRandomization(
+        workers=4, gpu_types=("T4", "V100"), workloads=("cifar10",), compute_sd=0.5, exponent_scale=(0.8, 1.6)
+    )
+    rng = np.random.default_rng(1)
+    ratios, exps = [], []
+    for _ in range(200):
+        draw = dom.sample(rng)
+        assert set(draw["compute_params"]) == set(draw["cluster"].gpu_types)
+        for g, cp in draw["compute_params"].items():
+            base = compute_params(g, "cifar10")
+            ratios.append(math.log(cp.beta_s / base.beta_s))
+            exps.append(cp.exponent / base.exponent)
+            assert cp.max_batch == base.max_batch and 0.25 <= cp.exponent <= 2.0
+    assert np.std(ratios) == pytest.approx(0.5, rel=0.15)
+    assert 0.8 <= min(exps) < 0.9 and 1.5 < max(exps) <= 1.6
+    env = RandomizedClusterEnv(domain=dom)
+    env.reset(seed=3)
+    sim, drawn = env.backend.sim, env.episode_config["compute_params"]
+    assert sim._exponent.tolist() == [drawn[g].exponent for g in sim.gpu_types]
+    env.close()
+    with pytest.raises(ValueError, match=r"compute_params names GPU types \['A100'\]"):
+        Simulator("t4v100", compute_params={"A100": compute_params("A100", "cifar10")})
+    with pytest.raises(ValueError, match=r"domain\.exponent_scale\[1\]"):
+        DomainRandomization(exponent_scale=(1.0, 20.0))
+    with pytest.raises(ValueError, match=r"domain\.compute_sd"):
+        DomainRandomization(compute_sd=-0.1)
+
+
 def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end(tmp_path):
     """MaskablePPO on schema 2 with multiplicative steps over generated worlds (several GPU types
     and workloads), warm-started by the oracle, validated on a benchmark train-split task; the

@@ -114,6 +114,7 @@ def render(cfg: DictConfig, runs: dict[str, dict[str, Any]], minutes: dict[str, 
         "- Validation: every `eval_every` steps, the geometric mean over held-out seeds of benchmark train-split "
         "tasks of the time to accuracy (a missed target counts twice the episode); the best validation is "
         "the bundle kept. The test split is scored by `experiments.benchmark` alone.",
+        *[f"- {note}" for note in cfg.get("notes", [])],
         "",
         "## Runs (learning curve: `learning_curve.png`)",
         "",

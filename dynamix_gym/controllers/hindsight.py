@@ -392,43 +392,47 @@ class HindsightController(BaseController):
         from the next smaller one's, up to the one that puts every worker at its memory cap. The
         better of them and the search's best is the plan. Returns whether any was new."""
         spec = env.unwrapped.backend.spec
-        scores = record.setdefault("own_start_statics", {})
-        added = False
+        candidates: dict[str, dict[str, Any]] = {}
         previous = None
         for b in (2**k for k in range(21)):
             clipped = np.clip(b, spec.min_batch, spec.max_batch).tolist()
-            if clipped == previous:
-                continue
+            if clipped != previous:
+                candidates[str(b)] = {"kind": "static", "batch": b, "start_at_batch": True}
             previous = clipped
-            if str(b) in scores:
-                continue
-            desc = {"kind": "static", "batch": b, "start_at_batch": True}
-            result = replay(env, make_candidate(desc), seed)
-            scores[str(b)] = result["score"]
-            added = True
-            if result["score"] < record["score"]:
-                record.update(
-                    plan=desc,
-                    score=result["score"],
-                    reached=result["reached"],
-                    time_to_accuracy_s=result["time_s"] if result["reached"] else None,
-                )
-        record["best_by_kind"]["static_own_start"] = min(scores.values(), default=math.inf)
-        return added
+        return self._after_search(env, seed, record, "own_start_statics", "static_own_start", candidates)
 
     def _time_to_target_oracles(self, env: Any, seed: int, record: dict[str, Any]) -> bool:
         """The time-to-target oracle (:class:`OracleController` with ``objective="time_to_target"``)
         at every ``oracle_min_gains`` value, tried after the search and outside its budget like
         :meth:`_own_start_statics` (so that plans cached before it existed gain it without a new
         search, and the limit is never behind it). Returns whether any was new."""
-        scores = record.setdefault("time_to_target_oracles", {})
+        candidates = {
+            str(g): {"kind": "oracle", "objective": "time_to_target", "batch_penalty": 0.0, "min_gain": g}
+            for g in self.oracle_min_gains
+        }
+        return self._after_search(
+            env, seed, record, "time_to_target_oracles", "oracle_time_to_target", candidates
+        )
+
+    @staticmethod
+    def _after_search(
+        env: Any,
+        seed: int,
+        record: dict[str, Any],
+        key: str,
+        kind: str,
+        candidates: dict[str, dict[str, Any]],
+    ) -> bool:
+        """Replays every candidate not yet scored in ``record[key]`` (by name), makes the best of
+        them the plan where it beats the record's, and notes the kind's best score. Returns whether
+        any was new."""
+        scores = record.setdefault(key, {})
         added = False
-        for g in self.oracle_min_gains:
-            if str(g) in scores:
+        for name, desc in candidates.items():
+            if name in scores:
                 continue
-            desc = {"kind": "oracle", "objective": "time_to_target", "batch_penalty": 0.0, "min_gain": g}
             result = replay(env, make_candidate(desc), seed)
-            scores[str(g)] = result["score"]
+            scores[name] = result["score"]
             added = True
             if result["score"] < record["score"]:
                 record.update(
@@ -437,7 +441,7 @@ class HindsightController(BaseController):
                     reached=result["reached"],
                     time_to_accuracy_s=result["time_s"] if result["reached"] else None,
                 )
-        record["best_by_kind"]["oracle_time_to_target"] = min(scores.values(), default=math.inf)
+        record["best_by_kind"][kind] = min(scores.values(), default=math.inf)
         return added
 
     def search(self, env: Any, seed: int) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def test_schema_mismatch_is_refused_with_a_clear_error(running):
     with pytest.raises(grpc.RpcError) as e:
         stub.Register(req, timeout=2.0, metadata=(("authorization", f"Bearer {TOKEN}"),))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "schema_version: the service encodes observation schemas ['1', '2']" in e.value.details()
+    assert "schema_version: the service encodes observation schemas ['1', '2', '3']" in e.value.details()
     channel.close()
 
 

@@ -73,15 +73,16 @@ class OracleController(BaseController):
     to reach the target if it were held: the progress still needed,
     ``info["ground_truth"].progress_to_target(M) - p`` (the accuracy model's plateau and stretch
     as its batch memory moves from where it is toward M; infinite where the target is never
-    reached), over the unpenalised goodput. This is the oracle that sees the accuracy trade-off of the no-scaling
-    regime (a larger batch lowers the plateau), which the goodput objective cannot; it takes no
-    ``batch_penalty`` (the stretch it stands in for is modelled), and falls back to goodput where
-    no candidate can reach the target any more. The change rule of step 3 reads "a shorter time by
-    more than ``min_gain``".
+    reached), over the unpenalised goodput. This is the oracle that sees the accuracy trade-off
+    of the no-scaling regime (a larger batch lowers the plateau), which the goodput objective
+    cannot; it takes no ``batch_penalty`` (the stretch it stands in for is modelled), and falls
+    back to goodput where no candidate can reach the target any more. The change rule of step 3
+    reads "a shorter time by more than ``min_gain``".
 
     Args:
         grid_points: number of global batches searched (>= 2).
-        min_gain: relative goodput improvement a change must bring, in [0, 1).
+        min_gain: relative improvement (of goodput, or of the time to the target) a change must
+            bring, in [0, 1).
         batch_penalty: exponent s of the large-batch penalty above, in [0, 1]; 0 with
             ``objective="time_to_target"``.
         objective: ``goodput`` (the default, rule 2) or ``time_to_target``.

@@ -364,8 +364,7 @@ class ScaleFreeEncoder(EncoderBase):
             min(report.reconfig_time_s / interval, 1.0),
             n_live / n,
         )
-        if len(self._flat) > n * _FW + _FG:
-            self._flat[n * _FW + _FG :] = self._extra_globals(m)
+        self._flat[n * _FW + _FG :] = self._extra_globals(m)
         flat = self._flat
         np.maximum(flat, self._low, out=flat)
         np.minimum(flat, self._high, out=flat)

@@ -111,7 +111,7 @@ def measure(setup: Setup) -> dict[str, Any]:
             env = reals.env(
                 sp["initial_batch"], ctrl.action_mode, interval, str(cfg.reward), env_options(ctrl)
             )
-            runs.append(run_one(env, sp, int(seed), "real", scenario.name))
+            runs.append(run_one(env, sp, int(seed), "real", scenario.name, ctrl))
             log.info(
                 "real %s seed %s: %s",
                 sp["label"],
@@ -135,7 +135,7 @@ def measure(setup: Setup) -> dict[str, Any]:
             budget,
             env_options(ctrl),
         )
-        runs.append(run_one(env, sp, int(seed), "sim", scenario.name))
+        runs.append(run_one(env, sp, int(seed), "sim", scenario.name, ctrl))
     timelines = pd.concat([r.pop("timeline") for r in runs], ignore_index=True)
     return {
         "runs": pd.DataFrame(runs),

@@ -150,8 +150,6 @@ def benchmark_lines(cfg: DictConfig) -> list[str]:
                 f"{100 * s['reached_share']:.0f}%" if s else "-",
             ]
         rows.append(cells)
-    if len(rows) == 0:
-        return []
     return [
         f"## On dynamix-bench-v1, zero-shot (`{cfg.benchmark_label}`; `results/benchmark/README.md`)",
         "",

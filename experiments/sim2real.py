@@ -183,10 +183,17 @@ def sim_env(
 
 
 def run_one(
-    env: HeteroClusterEnv, spec: dict[str, Any], seed: int, backend: str, scenario: str
+    env: HeteroClusterEnv,
+    spec: dict[str, Any],
+    seed: int,
+    backend: str,
+    scenario: str,
+    controller: Any | None = None,
 ) -> dict[str, Any]:
-    """One episode of the spec's controller: its summary row and (key ``timeline``) its timeline."""
-    res = run_episode(env, spec_controller(spec), seed, scenario=scenario)
+    """One episode of the spec's controller (``controller``, if the caller built it already: a
+    bundle is loaded once): its summary row and (key ``timeline``) its timeline."""
+    ctrl = controller if controller is not None else spec_controller(spec)
+    res = run_episode(env, ctrl, seed, scenario=scenario)
     s = res.summary
     timeline = pd.DataFrame(res.timeline)
     timeline.insert(0, "seed", seed)

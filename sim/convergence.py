@@ -238,18 +238,15 @@ class ConvergenceModel:
         memory = target + (memory_log2 - target) * np.exp(-(future - progress) / p.batch_memory_progress)
         acc = self.accuracy_many(future, memory)  # (C, G)
         above = acc >= accuracy
-        first = np.argmax(above, axis=1)
-        out = np.full(len(first), math.inf)
-        for c, i in enumerate(first):
-            if not above[c, i]:
-                continue
-            if i == 0:
-                out[c] = progress
-                continue
-            a0, a1 = acc[c, i - 1], acc[c, i]
-            x0, x1 = future[0, i - 1], future[0, i]
-            out[c] = x1 if a1 <= a0 else x0 + (accuracy - a0) / (a1 - a0) * (x1 - x0)
-        return out
+        first = np.argmax(above, axis=1)  # (C,): the first grid point at or above, 0 if none
+        rows = np.arange(len(first))
+        prev = np.maximum(first - 1, 0)
+        a0, a1 = acc[rows, prev], acc[rows, first]
+        x0, x1 = future[0, prev], future[0, first]
+        rising = a1 > a0
+        frac = np.divide(accuracy - a0, a1 - a0, out=np.ones_like(a0), where=rising)
+        out = np.where(rising, x0 + frac * (x1 - x0), x1)  # linear inside the crossing cell
+        return np.where(above[rows, first], out, math.inf)
 
     def accuracy_many(self, progress: np.ndarray, memory_log2: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`accuracy` over broadcast arrays."""

@@ -316,6 +316,10 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
     from dynamix_gym.learning.imitation import collect_expert_data, pretrain
 
     opts = dict(cfg.expert_pretrain or {})
+    expert = {
+        "expert": str(opts.get("expert", "oracle")),
+        "expert_kwargs": dict(opts.get("expert_kwargs") or {}),
+    }
     t0 = time.perf_counter()
     gamma = float(cfg.ppo.get("gamma", 0.99))
     data = collect_expert_data(
@@ -325,8 +329,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         episodes=int(opts.get("episodes", 120)),
         gamma=gamma,
         seed=cfg.seed + 7919,
-        expert=str(opts.get("expert", "oracle")),
-        expert_kwargs=dict(opts.get("expert_kwargs") or {}),
+        **expert,
         action_mode=cfg.action_mode,
     )
     scale = 1.0
@@ -355,8 +358,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             episodes=int(opts.get("dagger_episodes", opts.get("episodes", 120))),
             gamma=gamma,
             seed=cfg.seed + 104729 * (k + 1),
-            expert=str(opts.get("expert", "oracle")),
-            expert_kwargs=dict(opts.get("expert_kwargs") or {}),
+            **expert,
             policy=model,
             obs_fn=obs_fn,
             action_mode=cfg.action_mode,
@@ -374,7 +376,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         rounds.append({"learner_mean_tta_s": new.mean_tta_s, **stats})
     stats["dagger"] = rounds
     stats.update(
-        expert=str(opts.get("expert", "oracle")),
+        expert=expert["expert"],
         episodes=data.episodes,
         expert_mean_tta_s=expert_tta,
         seconds=time.perf_counter() - t0,

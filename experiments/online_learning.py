@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
@@ -91,7 +92,10 @@ def _score(bundle, tasks: dict, names: list[str], seeds: list[int]) -> dict[str,
         times = []
         for seed in seeds:
             env = HeteroClusterEnv(
-                **task_specs(task, {"kind": "time"}), interval=int(task.get("interval", 50))
+                **task_specs(task, {"kind": "time"}),
+                interval=int(task.get("interval", 50)),
+                action_mode=ctl.action_mode,
+                **env_options(ctl),  # the bundle's schema and steps
             )
             times.append(_tta(run_episode(env, ctl, seed).summary))
             env.close()
@@ -107,16 +111,19 @@ def _poison(bundle, obs: np.ndarray, n: int, rng: np.random.Generator) -> list[t
     with torch.no_grad():
         t = torch.as_tensor(obs)
         dist = bundle.model.policy.get_distribution(t)
-        best = dist.distribution.probs.argmax(dim=1).numpy()
-        actions = (best + rng.integers(1, 5, size=n)) % 5
+        probs = dist.distribution.probs
+        width = probs.shape[1]  # the bundle's number of steps
+        best = probs.argmax(dim=1).numpy()
+        actions = (best + rng.integers(1, width, size=n)) % width
         logp = dist.log_prob(torch.as_tensor(actions)).numpy()
+        logp_best = dist.log_prob(torch.as_tensor(best)).numpy()
         values = bundle.model.policy.predict_values(t).numpy().ravel()
     return [
         (f"poison{k % 16}", 0, obs[k], int(a), float(v), float(lp), 10.0, True, 0.0, -1)
         for k, (a, lp, v) in enumerate(zip(actions, logp, values, strict=True))
     ] + [
         (f"poison{k % 16}", 0, obs[k], int(b), float(v), float(lp), -10.0, True, 0.0, -1)
-        for k, (b, lp, v) in enumerate(zip(best, logp, values, strict=True))
+        for k, (b, lp, v) in enumerate(zip(best, logp_best, values, strict=True))
     ]
 
 

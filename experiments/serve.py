@@ -26,6 +26,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.bundle import PolicyBundle, PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
@@ -65,7 +66,12 @@ def make_validator(validation: dict[str, Any]):
             specs = task_specs(task, {"kind": "time"})
             times = []
             for seed in seeds:
-                env = HeteroClusterEnv(**specs, interval=int(task.get("interval", 50)))
+                env = HeteroClusterEnv(
+                    **specs,
+                    interval=int(task.get("interval", 50)),
+                    action_mode=ctl.action_mode,
+                    **env_options(ctl),  # the bundle's schema and steps
+                )
                 try:
                     s = run_episode(env, ctl, seed).summary
                 finally:

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 #: The pretrained PPO bundle of results/headline (shipped in the repository).
 HEADLINE_BUNDLE = ROOT / "results" / "headline" / "policy"
+#: The universal bundle (observation schema 3, masked multiplicative steps; shipped).
+UNIVERSAL_BUNDLE = ROOT / "results" / "policies" / "universal"
 
 
 def run_python(

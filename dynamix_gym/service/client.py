@@ -110,6 +110,8 @@ class ArbitratorClient:
         self.session: str | None = None
         self.seq = 0
         self.policy_version: int | None = None
+        self.action_mode: str | None = None
+        self.action_steps: list[float] = []
         self._retry_at = -math.inf
         self._failures = 0
         #: counters: decisions, replayed, fallbacks (no decision: kept batches), errors by code, registers
@@ -140,6 +142,9 @@ class ArbitratorClient:
             return False
         self.session, self.seq = reply.session_id, int(reply.next_seq)
         self.policy_version = int(reply.policy_version)
+        # what the serving bundle's actions are (the service applies them; the job gets batches)
+        self.action_mode = reply.action_mode or "delta"
+        self.action_steps = list(reply.action_factors) if self.action_mode == "scale" else list(reply.action_set)
         self.counts["registers"] += 1
         return True
 

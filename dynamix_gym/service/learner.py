@@ -84,6 +84,7 @@ class _Pending:
     value: np.ndarray
     log_prob: np.ndarray
     version: int
+    mask: np.ndarray | None = None  # (N, A) legal steps of a MaskablePPO bundle's decision
 
 
 class OnlineLearner:
@@ -117,7 +118,7 @@ class OnlineLearner:
         self.translog = log
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
-        # (session, worker, obs, action, value, log_prob, reward, done, next_value, version)
+        # (session, worker, obs, action, value, log_prob, reward, done, next_value, version[, mask])
         self._buffer: deque[tuple] = deque(maxlen=self.config.window)
         self._new = 0
         self._bundles: dict[int, PolicyBundle] = {}
@@ -187,6 +188,7 @@ class OnlineLearner:
                     value,
                     np.asarray(record["log_prob"], dtype=np.float64),
                     int(record["version"]),
+                    None if record.get("mask") is None else np.asarray(record["mask"], dtype=bool),
                 )
 
     def _add(self, key: str, prev: _Pending, reward: float, done: bool, next_value: np.ndarray) -> None:
@@ -203,13 +205,15 @@ class OnlineLearner:
                     done,
                     float(next_value[i]) if i < len(next_value) else 0.0,
                     prev.version,
+                    None if prev.mask is None else prev.mask[i],
                 )
             )
             self._new += 1
 
     def add_transitions(self, transitions: Sequence[tuple]) -> None:
         """Feed transitions directly (session, worker, obs, action, value, log_prob, reward, done,
-        next_value, version): replays of a log, and the poisoning test."""
+        next_value, version[, mask]): replays of a log, and the poisoning test. Without a mask a
+        MaskablePPO bundle's transition counts every step as legal."""
         with self._lock:
             for t in transitions:
                 self._buffer.append(tuple(t))
@@ -333,21 +337,37 @@ class OnlineLearner:
         return entry
 
     def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
-        """A copy of ``parent``'s model after one PPO update on ``data``."""
+        """A copy of ``parent``'s model after one PPO update on ``data`` (sb3-contrib's MaskablePPO
+        update, with each decision's logged legal steps, for a maskable bundle)."""
         from stable_baselines3 import PPO
         from stable_baselines3.common.buffers import RolloutBuffer
         from stable_baselines3.common.logger import configure
 
-        model = PPO.load(parent.path / "model.zip", device="cpu")
+        maskable = parent.meta.algorithm == "maskable_ppo"
+        if maskable:
+            from sb3_contrib import MaskablePPO
+            from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
+
+            algo, buffer_cls = MaskablePPO, MaskableRolloutBuffer
+        else:
+            algo, buffer_cls = PPO, RolloutBuffer
+        model = algo.load(parent.path / "model.zip", device="cpu")
         model.policy.load_state_dict(parent.model.policy.state_dict())  # the serving weights
         cfg = self.config
         obs, actions, values, logp, adv, returns = self._gae(
             data, float(model.gamma), float(model.gae_lambda)
         )
         n = len(actions)
-        buf = RolloutBuffer(
+        buf = buffer_cls(
             n, model.observation_space, model.action_space, device="cpu", gamma=model.gamma, n_envs=1
         )
+        if maskable:
+            width = int(buf.mask_dims)  # a centralised bundle's flat (N * A) mask
+            masks = np.ones((n, width), dtype=np.float32)
+            for i, t in enumerate(data):
+                if len(t) > 10 and t[10] is not None:
+                    masks[i] = np.asarray(t[10], dtype=np.float32).reshape(width)
+            buf.action_masks[:] = masks[:, None, :]
         buf.observations[:] = obs[:, None, :]
         buf.actions[:] = actions.reshape(n, 1, 1)
         buf.values[:] = values[:, None]

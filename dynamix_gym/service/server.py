@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 import torch
 
-from dynamix_gym.actions import ActionRule
+from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule, step_masks
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import get_schema, make_encoder, split_centralised
@@ -87,9 +87,10 @@ class PolicyStore:
             raise ValueError("the arbitrator needs at least one bundle")
         for name, b in bundles.items():
             mode = getattr(b.meta, "action_mode", "delta")
-            if mode != "delta":
+            if mode not in DISCRETE_ACTION_MODES:
                 raise BundleMismatchError(
-                    f"bundle {name!r} ({b.path}) emits {mode!r} actions; the arbitrator serves delta-action bundles"
+                    f"bundle {name!r} ({b.path}) emits {mode!r} actions; the arbitrator serves the discrete "
+                    f"modes {list(DISCRETE_ACTION_MODES)}"
                 )
         self._lock = threading.Lock()
         self._policies = {name: ServedPolicy(name, 0, b, bundle_reward(b)) for name, b in bundles.items()}
@@ -116,12 +117,20 @@ class PolicyStore:
 
 
 def policy_step(
-    served: ServedPolicy, obs: np.ndarray, n: int, explore: bool, rng: np.random.Generator
+    served: ServedPolicy,
+    obs: np.ndarray,
+    n: int,
+    explore: bool,
+    rng: np.random.Generator,
+    masks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Action indices, values, log-probabilities and the per-worker rows fed to the policy.
 
     Deterministic (the most likely action) unless ``explore``, when each worker's action is drawn
     from the policy with ``rng``: DYNAMIX's online mode, whose experience the learner uses.
+    ``masks`` (N, A) bool, for a MaskablePPO bundle: the legal steps; an illegal one gets
+    probability zero, as in sb3-contrib's MaskableCategorical, so the log-probabilities are the
+    masked policy's.
     """
     bundle = served.bundle
     per_worker = bundle.meta.obs_form == "per_worker"
@@ -143,6 +152,8 @@ def policy_step(
         values = policy.value_net(latent_vf).numpy().reshape(-1)
     if not per_worker:  # MultiDiscrete: one block of logits per worker
         logits = logits.reshape(n, -1)
+    if masks is not None:
+        logits = np.where(masks, logits, -np.inf)
     logits -= logits.max(axis=1, keepdims=True)
     probs = np.exp(logits)
     probs /= probs.sum(axis=1, keepdims=True)
@@ -167,7 +178,7 @@ class Session:
     policy_name: str
     spec: BackendSpec
     encoder: Any  # the env's observation encoder of the bundle's schema (its short history)
-    actions: ActionRule  # the env's delta steps over the job's workers
+    actions: ActionRule  # the bundle's discrete steps (deltas or factors) over the job's workers
     next_seq: int
     last_seen: float
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -261,7 +272,6 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"the job has {spec.num_workers}"
                 )
             encoder = make_encoder(meta.schema_version, spec)
-            actions = ActionRule.for_spec("delta", spec)
         except (FieldError, ValueError) as e:
             code = (
                 grpc.StatusCode.FAILED_PRECONDITION
@@ -269,11 +279,13 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             return self._refuse(context, code, str(e))
-        if [int(a) for a in actions.steps] != list(meta.action_set):
+        try:  # the bundle's own steps, as its training env applied them
+            actions = ActionRule.for_spec(meta.action_mode, spec, meta.action_set)
+        except ValueError as e:
             return self._refuse(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"bundle {served.name!r} was trained with deltas {meta.action_set}",
+                f"bundle {served.name!r} records an unusable action set: {e}",
             )
         now = self.clock()
         next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
@@ -314,12 +326,15 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 "t": time.time(),
             }
         )
+        scale = actions.mode == "scale"
         return pb.RegisterReply(
             session_id=session.id,
             bundle=served.name,
             policy_version=served.version,
-            action_set=list(meta.action_set),
+            action_set=[] if scale else [int(a) for a in actions.steps],
             next_seq=next_seq,
+            action_mode=actions.mode,
+            action_factors=[float(a) for a in actions.steps] if scale else [],
         )
 
     def Report(self, request: pb.ReportRequest, context) -> pb.Decision:
@@ -370,7 +385,10 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         if session.prev_val_accuracy is not None:
             reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, terminated)
         session.prev_val_accuracy = float(report.val_accuracy)
-        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, self.rng)
+        masks = None
+        if served.bundle.meta.algorithm == "maskable_ppo":  # the legal steps, as in its training env
+            masks = step_masks(session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch)
+        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, self.rng, masks)
         new, _ = session.actions.apply(actions, current, spec)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
@@ -391,6 +409,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             "action": actions.tolist(),
             "value": np.round(values.astype(np.float64), 6).tolist(),
             "log_prob": np.round(logp, 6).tolist(),
+            **({} if masks is None else {"mask": masks.astype(int).tolist()}),
             "reward": None if reward is None else float(reward),
             "val_accuracy": float(report.val_accuracy),
             "wall_time_s": float(report.wall_time_s),

@@ -112,3 +112,47 @@ def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accurac
     assert lineage[-1]["status"] == "rolled_back" and lineage[-1]["measured_tta_ratio"] > 1.05
     events = [r["kind"] for r in read_log(running.log_path) if r["kind"] in ("promote", "rollback")]
     assert events == ["promote", "rollback"]
+
+
+def test_a_masked_bundle_learns_from_its_logged_masks(tmp_path):
+    """A MaskablePPO bundle: the service logs each decision's legal steps, the learner's buffer
+    keeps them, and the update is MaskablePPO's, whose masked log-probabilities of the logged
+    actions are the ones the service sampled with (PPO's ratio starts at 1)."""
+    from sb3_contrib import MaskablePPO
+    from support import UNIVERSAL_BUNDLE
+
+    from dynamix_gym.controllers.bundle import load_bundle
+
+    universal = load_bundle(UNIVERSAL_BUNDLE)
+    running = Running(universal, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+    learner = OnlineLearner(
+        running.service.store,
+        "default",
+        tmp_path / "versions",
+        validate=lambda b: {"t": 1.0},
+        config=LearnerConfig(learning_rate=1e-5, update_every=16, window=4096, n_epochs=1, batch_size=64),
+        rng=np.random.default_rng(0),
+    )
+    running.service.learner = learner
+    try:
+        env = HeteroClusterEnv(workers=4, workload="ncf", scenario="throttle", action_mode="absolute")
+        ctl = RemoteController(running.address, token=TOKEN, job_id="m0", timeout_s=5.0)
+        run_episode(env, ctl, 3)
+        ctl.close(final_report=env.unwrapped.last_report)
+    finally:
+        running.stop()
+    data = list(learner._buffer)
+    assert data and all(len(t) == 11 and t[10] is not None for t in data)
+    obs = torch.as_tensor(np.stack([t[2] for t in data]))
+    actions = torch.as_tensor([t[3] for t in data])
+    masks = np.stack([t[10] for t in data])
+    logged = np.array([t[5] for t in data])
+    policy = universal.model.policy
+    with torch.no_grad():
+        _, masked, _ = policy.evaluate_actions(obs, actions, action_masks=masks)
+        _, unmasked, _ = policy.evaluate_actions(obs, actions)
+    assert np.allclose(masked.numpy(), logged, atol=2e-3)  # logged obs are rounded to 4 digits
+    assert not masks.all() and not np.allclose(unmasked.numpy(), logged, atol=2e-3)
+    model, stats = learner.update(running.service.store.get().bundle, data)
+    assert isinstance(model, MaskablePPO) and stats["samples"] == len(data)
+    assert stats["approx_kl"] < 0.05

@@ -102,11 +102,11 @@ def test_bundles_the_service_cannot_drive_are_refused(bundle):
 
     from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 
-    scale = PolicyBundle(
-        bundle.path, replace(bundle.meta, action_mode="scale"), bundle.model, bundle.obs_norm
-    )
-    with pytest.raises(BundleMismatchError, match="serves delta-action bundles"):
-        PolicyStore({"s": scale})
+    meta = replace(bundle.meta)
+    meta.action_mode = "continuous"  # past BundleMeta's own check: the store checks again
+    continuous = PolicyBundle(bundle.path, meta, bundle.model, bundle.obs_norm)
+    with pytest.raises(BundleMismatchError, match="serves the discrete modes"):
+        PolicyStore({"c": continuous})
 
 
 @pytest.mark.integration

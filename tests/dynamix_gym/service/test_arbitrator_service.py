@@ -8,8 +8,9 @@ import grpc
 import numpy as np
 import pytest
 from conftest import TOKEN, Running, run_in_threads
+from support import UNIVERSAL_BUNDLE
 
-from dynamix_gym.controllers.bundle import PPOController
+from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service import arbitrator_pb2 as pb
@@ -50,6 +51,37 @@ def test_two_jobs_against_the_service_decide_as_the_policy_in_process(running, b
         ends = [r for r in records if r["kind"] == "end" and r["job"] == f"job{i}"]
         assert len(ends) == 1 and ends[0]["reached"]
     assert running.service.stats["decisions"] == sum(s["decisions"] for s, _ in results)
+
+
+def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path):
+    """The universal bundle (schema 3, masked multiplicative steps) through the service: the same
+    decisions as in process, the reply names its steps, and every logged decision carries its mask."""
+    universal = load_bundle(UNIVERSAL_BUNDLE)
+    meta = universal.meta
+    assert (meta.action_mode, meta.algorithm, meta.schema_version) == ("scale", "maskable_ppo", "3")
+    job = {"workers": 4, "workload": "ncf", "scenario": "throttle"}
+    running = Running(universal, tmp_path / "t.jsonl")
+    try:
+        ctl = RemoteController(running.address, token=TOKEN, job_id="u0", timeout_s=5.0)
+        env = HeteroClusterEnv(**job, action_mode="absolute")
+        remote = run_episode(env, ctl, 7).summary
+        ctl.close(final_report=env.unwrapped.last_report)
+    finally:
+        running.stop()
+    assert (ctl.client.action_mode, ctl.client.action_steps) == ("scale", list(meta.action_set))
+    local_env = HeteroClusterEnv(
+        **job, action_mode="scale", action_set=meta.action_set, obs_schema=meta.schema_version
+    )
+    local = run_episode(local_env, PPOController(bundle=universal), 7).summary
+    assert remote["reached_target"] and remote["batch_changes"] > 0
+    assert remote["time_to_accuracy_s"] == local["time_to_accuracy_s"]
+    decisions = [r for r in read_log(running.log_path) if r["kind"] == "decision"]
+    assert len(decisions) == remote["decisions"]
+    for r in decisions:
+        mask = np.asarray(r["mask"], dtype=bool)
+        assert mask.shape == (4, len(meta.action_set))
+        assert mask[np.arange(4), r["action"]].all()  # the chosen steps are legal ones
+    assert any(not np.asarray(r["mask"], dtype=bool).all() for r in decisions)  # a bound was in play
 
 
 def test_training_goes_on_at_its_batches_when_the_service_is_down():

@@ -185,7 +185,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
             log.info("wave %d: mean TTA %.1f s; update %s", w, waves[-1]["mean_tta_s"], waves[-1]["update"])
         # --- poisoning ---------------------------------------------------------------------------------
         serving = store.get()
-        obs = np.array([t[2] for t in list(learner._buffer)], dtype=np.float32)
+        obs = np.array([t[2] for t in learner.transitions()], dtype=np.float32)
         rng = np.random.default_rng(int(cfg.seed) + 2)
         poison_cfg = LearnerConfig(**{**plain(cfg.learner), **plain(cfg.poison.learner)})
         learner.config = poison_cfg

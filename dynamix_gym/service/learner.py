@@ -175,7 +175,8 @@ class OnlineLearner:
         """A logged decision: completes the previous decision of the same job with its reward."""
         if record.get("bundle") != self.name:
             return
-        key = str(record["session"])
+        # the job first: a (job, worker) trajectory sorts the same whatever order jobs' calls arrived in
+        key = f"{record.get('job', '')}/{record['session']}"
         value = np.asarray(record["value"], dtype=np.float64)
         with self._lock:
             prev = self._pending.pop(key, None)
@@ -218,6 +219,14 @@ class OnlineLearner:
             for t in transitions:
                 self._buffer.append(tuple(t))
                 self._new += 1
+
+    def _sorted(self) -> list[tuple]:
+        return sorted(self._buffer, key=lambda t: str(t[0]))
+
+    def transitions(self) -> list[tuple]:
+        """The buffered transitions by trajectory, each in its own order (a copy)."""
+        with self._lock:
+            return self._sorted()
 
     @property
     def buffered(self) -> int:
@@ -292,7 +301,9 @@ class OnlineLearner:
         if not (force or self.ready()) or not self._buffer:
             return None
         with self._lock:
-            data = list(self._buffer)
+            # by trajectory (a stable sort keeps each one's order): concurrent jobs interleave their
+            # transitions by arrival, which must not change the update
+            data = self._sorted()
             self._new = 0
         parent = self.store.get(self.name)
         parent_score = float("nan") if skip_validation else self.score(parent.version)

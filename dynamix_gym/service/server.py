@@ -28,6 +28,7 @@ import math
 import secrets
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,7 @@ class Session:
     versions: Counter = field(default_factory=Counter)
     decisions: int = 0
     ended: bool = False
+    rng: np.random.Generator | None = None  # the job's exploration draws
 
 
 @dataclass
@@ -212,7 +214,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         store: the served bundles.
         log_path: the append-only transition log (JSON lines); resumed after a restart.
         config: limits and modes.
-        rng: the generator of exploration draws (session ids come from the OS: :mod:`secrets`).
+        rng: seeds the exploration draws: each job draws from its own generator, keyed by this
+            seed and its job id, so that concurrent jobs' experience does not depend on the order
+            their calls arrive in (session ids come from the OS: :mod:`secrets`).
         learner: an :class:`~dynamix_gym.service.learner.OnlineLearner` or ``None``.
         clock: seconds, monotonic (tests inject one).
     """
@@ -229,6 +233,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         self.store = store
         self.config = config or ServiceConfig()
         self.rng = rng if rng is not None else np.random.default_rng(0)
+        self._explore_seed = int(self.rng.integers(2**63 - 1))
         self.log = TransitionLog(log_path)
         self._resume_seqs = last_seqs(log_path)
         self.learner = learner
@@ -301,6 +306,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             actions=actions,
             next_seq=next_seq,
             last_seen=now,
+            # keyed by the job and where it resumes: a re-registered job does not replay its draws
+            rng=np.random.default_rng([self._explore_seed, zlib.crc32(request.job_id.encode()), next_seq]),
         )
         with self._lock:
             self._expire(now)
@@ -388,7 +395,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         masks = None
         if served.bundle.meta.algorithm == "maskable_ppo":  # the legal steps, as in its training env
             masks = step_masks(session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch)
-        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, self.rng, masks)
+        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, session.rng, masks)
         new, _ = session.actions.apply(actions, current, spec)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision

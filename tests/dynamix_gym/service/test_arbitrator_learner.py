@@ -141,7 +141,7 @@ def test_a_masked_bundle_learns_from_its_logged_masks(tmp_path):
         ctl.close(final_report=env.unwrapped.last_report)
     finally:
         running.stop()
-    data = list(learner._buffer)
+    data = learner.transitions()
     assert data and all(len(t) == 11 and t[10] is not None for t in data)
     obs = torch.as_tensor(np.stack([t[2] for t in data]))
     actions = torch.as_tensor([t[3] for t in data])
@@ -156,3 +156,33 @@ def test_a_masked_bundle_learns_from_its_logged_masks(tmp_path):
     model, stats = learner.update(running.service.store.get().bundle, data)
     assert isinstance(model, MaskablePPO) and stats["samples"] == len(data)
     assert stats["approx_kl"] < 0.05
+
+
+def test_an_update_does_not_depend_on_the_order_concurrent_jobs_reported_in(bundle, tmp_path):
+    from dynamix_gym.service.server import PolicyStore
+
+    rng = np.random.default_rng(5)
+    obs = rng.normal(size=(2, 40, bundle.model.observation_space.shape[0])).astype(np.float32)
+    jobs = [
+        [
+            (f"job{j}/s{j}", 0, obs[j, k], int(rng.integers(5)), 0.1, -1.6, float(rng.normal()), k == 39, 0.0, 0)
+            for k in range(40)
+        ]
+        for j in range(2)
+    ]
+    interleaved = [t for pair in zip(*jobs, strict=True) for t in pair]
+    weights = []
+    for order in (interleaved, jobs[0] + jobs[1]):
+        learner = OnlineLearner(
+            PolicyStore({"default": bundle}),
+            "default",
+            tmp_path / f"v{len(weights)}",
+            validate=lambda b: {"t": 1.0},
+            config=LearnerConfig(update_every=16, window=4096, n_epochs=2, batch_size=32),
+            rng=np.random.default_rng(0),
+        )
+        learner.add_transitions(order)
+        model, _ = learner.update(bundle, learner.transitions())
+        weights.append(torch.nn.utils.parameters_to_vector(model.policy.parameters()).detach())
+    assert torch.equal(weights[0], weights[1])
+    assert not torch.equal(weights[0], torch.nn.utils.parameters_to_vector(bundle.model.policy.parameters()))

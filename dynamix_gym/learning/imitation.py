@@ -79,14 +79,62 @@ class ExpertData:
     returns: np.ndarray  # (S,) discounted return of the cluster reward from that step
     episodes: int
     mean_tta_s: float  # of the episodes that reached the target, under whoever acted
+    # (S,) the number of decisions of each row's episode: weighting rows by its inverse makes
+    # every episode count alike (a 3-decision NCF run beside a 300-decision CIFAR-100 one)
+    episode_decisions: np.ndarray | None = None
 
     def __add__(self, other: ExpertData) -> ExpertData:
+        lengths = None
+        if self.episode_decisions is not None and other.episode_decisions is not None:
+            lengths = np.concatenate([self.episode_decisions, other.episode_decisions])
         return ExpertData(
             np.concatenate([self.obs, other.obs]),
             np.concatenate([self.actions, other.actions]),
             np.concatenate([self.returns, other.returns]),
             self.episodes + other.episodes,
             _mean_of_finite(self.mean_tta_s, other.mean_tta_s),
+            lengths,
+        )
+
+    def weights(self, per_episode: bool) -> np.ndarray:
+        """(S,) sample weights with mean 1: all ones, or (``per_episode``) each episode's rows
+        sharing one episode's worth."""
+        if not per_episode:
+            return np.ones(len(self.actions), dtype=np.float32)
+        if self.episode_decisions is None:
+            raise ValueError("per-episode weights need episode_decisions (data collected by this version)")
+        w = 1.0 / np.asarray(self.episode_decisions, dtype=np.float64)
+        return (w / w.mean()).astype(np.float32)
+
+    def save(self, path) -> None:
+        """An .npz of every field (written to a temporary name, then renamed: never half-written)."""
+        from pathlib import Path
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(
+            tmp,
+            obs=self.obs,
+            actions=self.actions,
+            returns=self.returns,
+            episodes=self.episodes,
+            mean_tta_s=self.mean_tta_s,
+            episode_decisions=self.episode_decisions if self.episode_decisions is not None else np.zeros(0),
+        )
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path) -> ExpertData:
+        z = np.load(path)
+        lengths = z["episode_decisions"]
+        return cls(
+            z["obs"],
+            z["actions"],
+            z["returns"],
+            int(z["episodes"]),
+            float(z["mean_tta_s"]),
+            lengths if lengths.size else None,
         )
 
 
@@ -113,7 +161,7 @@ def collect_expert_data(
     expert's parameters (e.g. ``{"objective": "time_to_target", "batch_penalty": 0.0}`` for the
     time-to-target oracle).
     """
-    obs_rows, acts, rets, ttas = [], [], [], []
+    obs_rows, acts, rets, lens, ttas = [], [], [], [], []
     controller = make_controller(expert, **dict(expert_kwargs or {}))
     rng = np.random.default_rng(seed)
     for ep in range(episodes):
@@ -160,6 +208,7 @@ def collect_expert_data(
             obs_rows.append(o)
             acts.append(a)
             rets.append(np.full(len(a), ret))
+            lens.append(np.full(len(a), len(ep_act)))
         env.close()
     return ExpertData(
         np.concatenate(obs_rows).astype(np.float32),
@@ -167,6 +216,7 @@ def collect_expert_data(
         np.concatenate(rets).astype(np.float32),
         episodes,
         float(np.mean(ttas)) if ttas else float("nan"),
+        np.concatenate(lens).astype(np.int64),
     )
 
 
@@ -179,17 +229,20 @@ def pretrain(
     batch_size: int = 1024,
     learning_rate: float = 1e-3,
     seed: int = 0,
+    per_episode: bool = False,
 ) -> dict[str, float]:
     """Behaviour cloning of ``model.policy`` (cross-entropy) plus value regression on the returns.
 
     ``obs_fn`` normalises observations as the training env will (VecNormalize); value targets are
-    returns divided by ``return_scale`` (VecNormalize's reward scale).
+    returns divided by ``return_scale`` (VecNormalize's reward scale). ``per_episode`` weights
+    every episode alike (:meth:`ExpertData.weights`) instead of every decision.
     """
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(obs_fn(data.obs), device=device)
     actions = torch.as_tensor(data.actions, device=device)
     targets = torch.as_tensor(data.returns / return_scale, device=device)
+    weights = torch.as_tensor(data.weights(per_episode), device=device)
     opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     gen = torch.Generator().manual_seed(seed)
     n = len(actions)
@@ -199,7 +252,8 @@ def pretrain(
         for i in range(0, n, batch_size):
             idx = perm[i : i + batch_size]
             values, log_prob, _ = policy.evaluate_actions(obs[idx], actions[idx])
-            loss = -log_prob.mean() + 0.5 * torch.nn.functional.mse_loss(values.flatten(), targets[idx])
+            w = weights[idx]
+            loss = -(w * log_prob).mean() + 0.5 * (w * (values.flatten() - targets[idx]) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
@@ -207,10 +261,15 @@ def pretrain(
     policy.set_training_mode(False)
     with torch.no_grad():
         dist = policy.get_distribution(obs)
-        agree = float((dist.get_actions(deterministic=True) == actions).float().mean())
+        hits = (dist.get_actions(deterministic=True) == actions).float()
+        agree = float(hits.mean())
+        agree_weighted = float((weights * hits).mean())
         values = policy.predict_values(obs).flatten()
         value_r2 = 1.0 - float(((values - targets) ** 2).mean() / targets.var().clamp_min(1e-12))
     log.info(
         "behaviour cloning: %.1f%% action agreement, value R^2 %.3f on %d samples", 100 * agree, value_r2, n
     )
-    return {"action_agreement": agree, "value_r2": value_r2, "samples": n}
+    out = {"action_agreement": agree, "value_r2": value_r2, "samples": n}
+    if per_episode:
+        out["action_agreement_per_episode"] = agree_weighted
+    return out

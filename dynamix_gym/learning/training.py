@@ -310,10 +310,34 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, Path | None] | None:
 # --- training ---------------------------------------------------------------------------------------
 
 
+#: Bump when the simulator or the expert changes what a rollout records: cached rollouts of an
+#: older version are then never read.
+EXPERT_CACHE_VERSION = 1
+
+
+def _expert_cache_path(cache_dir: str | None, collect: dict[str, Any]) -> Path | None:
+    """Where the expert's own rollouts (not DAgger's, which depend on the learner) are cached:
+    ``<cache_dir>/expert-<hash of everything they depend on>.npz``; None without a cache dir."""
+    if not cache_dir:
+        return None
+    import hashlib
+    import json
+
+    def plain(value):
+        if hasattr(value, "items"):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value
+
+    key = json.dumps({"version": EXPERT_CACHE_VERSION, **plain(collect)}, sort_keys=True, default=str)
+    return Path(cache_dir) / f"expert-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
+
+
 def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
     """Behaviour cloning from an expert (dynamix_gym.learning.imitation); also seeds VecNormalize's
     observation and return statistics with the expert's data so PPO starts where BC left off."""
-    from dynamix_gym.learning.imitation import collect_expert_data, pretrain
+    from dynamix_gym.learning.imitation import ExpertData, collect_expert_data, pretrain
 
     opts = dict(cfg.expert_pretrain or {})
     expert = {
@@ -322,16 +346,25 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     gamma = float(cfg.ppo.get("gamma", 0.99))
-    data = collect_expert_data(
-        cfg.domain,
-        cfg.env,
-        list(cfg.cluster_sizes),
+    per_episode = bool(opts.get("episode_weighting", False))
+    collect = dict(
+        domain=cfg.domain,
+        env_kwargs=cfg.env,
+        sizes=list(cfg.cluster_sizes),
         episodes=int(opts.get("episodes", 120)),
         gamma=gamma,
         seed=cfg.seed + 7919,
         **expert,
         action_mode=cfg.action_mode,
     )
+    cache = _expert_cache_path(opts.get("cache_dir"), collect)
+    if cache is not None and cache.is_file():
+        data = ExpertData.load(cache)
+        log.info("expert rollouts from the cache %s (%d samples)", cache, len(data.actions))
+    else:
+        data = collect_expert_data(**collect)
+        if cache is not None:
+            data.save(cache)
     scale = 1.0
     obs_fn = lambda x: x  # noqa: E731
     if isinstance(venv, VecNormalize):
@@ -347,7 +380,9 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
     expert_tta = data.mean_tta_s
     epochs = int(opts.get("epochs", 20))
     lr = float(opts.get("learning_rate", 1e-3))
-    stats = pretrain(model, data, obs_fn, scale, epochs=epochs, learning_rate=lr, seed=cfg.seed)
+    stats = pretrain(
+        model, data, obs_fn, scale, epochs=epochs, learning_rate=lr, seed=cfg.seed, per_episode=per_episode
+    )
     rounds = []
     for k in range(int(opts.get("dagger_rounds", 0))):
         # DAgger: the learner acts, the expert labels; retrain on everything gathered so far.
@@ -372,6 +407,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
             epochs=max(epochs // 2, 1),
             learning_rate=lr / 2,
             seed=cfg.seed + k + 1,
+            per_episode=per_episode,
         )
         rounds.append({"learner_mean_tta_s": new.mean_tta_s, **stats})
     stats["dagger"] = rounds

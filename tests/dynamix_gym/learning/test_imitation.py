@@ -40,9 +40,10 @@ def test_warm_start_clones_the_expert(tmp_path):
         eval_seeds=(1000,),
         eval_workers=4,
         progress_bar=False,
-        expert_pretrain={"expert": "oracle", "episodes": 4, "epochs": 30},
+        expert_pretrain={"expert": "oracle", "episodes": 4, "epochs": 30, "cache_dir": str(tmp_path / "cache")},
     )
     train(cfg)
+    assert len(list((tmp_path / "cache").glob("expert-*.npz"))) == 1  # the expert's rollouts, kept
     warm = json.loads((tmp_path / "policy" / "bundle.json").read_text())["metadata"]["warm_start"]
     # Five actions: chance agreement is ~20% (the expert holds most of the time, so a constant
     # "hold" would score higher; cloning must beat that majority baseline too).
@@ -63,3 +64,37 @@ def test_expert_scale_steps_land_closest_in_octaves_hold_near_and_respect_the_ma
     assert factors[expert_steps("scale", current, target, factors, 0.1, legal)][0] == 1.25
     with np.testing.assert_raises(ValueError):
         expert_steps("absolute", current, target, factors, 0.1)
+
+
+def test_per_episode_weights_give_every_episode_one_share_and_round_trip(tmp_path):
+    from dynamix_gym.learning.imitation import ExpertData
+
+    data = collect_expert_data({}, {"interval": 50, "reward": "time"}, [3], episodes=2, gamma=0.99, seed=0)
+    lengths = data.episode_decisions
+    assert lengths is not None and len(lengths) == len(data.actions)
+    # rows of one episode: 3 workers per decision, each row records its episode's decision count
+    assert all(np.sum(lengths == n) % (3 * n) == 0 for n in set(lengths.tolist()))
+    w = data.weights(per_episode=True)
+    assert np.isclose(w.mean(), 1.0)
+    shares = [w[lengths == n].sum() for n in set(lengths.tolist())]
+    assert np.allclose(shares, shares[0] * np.array([np.sum(lengths == n) / (3 * n) for n in set(lengths.tolist())]))
+    assert np.array_equal(data.weights(per_episode=False), np.ones(len(w), dtype=np.float32))
+    both = data + data
+    assert len(both.episode_decisions) == 2 * len(lengths)
+    data.save(tmp_path / "d.npz")
+    back = ExpertData.load(tmp_path / "d.npz")
+    assert not list(tmp_path.glob("*.tmp*"))  # written whole, then renamed
+    for field in ("obs", "actions", "returns", "episode_decisions"):
+        assert np.array_equal(getattr(back, field), getattr(data, field))
+    assert (back.episodes, back.mean_tta_s) == (data.episodes, data.mean_tta_s)
+
+
+def test_the_expert_cache_is_keyed_by_what_the_rollouts_depend_on(tmp_path):
+    from dynamix_gym.learning.training import _expert_cache_path
+
+    collect = {"domain": {"workloads": ["cifar10"]}, "episodes": 4, "seed": 1, "expert": "oracle"}
+    a = _expert_cache_path(str(tmp_path), collect)
+    assert a == _expert_cache_path(str(tmp_path), dict(reversed(list(collect.items()))))
+    assert a != _expert_cache_path(str(tmp_path), {**collect, "episodes": 5})
+    assert a != _expert_cache_path(str(tmp_path), {**collect, "domain": {"workloads": ["ncf"]}})
+    assert _expert_cache_path(None, collect) is None

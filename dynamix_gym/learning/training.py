@@ -100,6 +100,16 @@ def check_train_config(cfg: TrainConfig) -> None:
         )
     if cfg.algorithm == "maskable_ppo" and cfg.obs_form != "per_worker":
         raise ValueError("algorithm=maskable_ppo needs obs_form=per_worker (one masked step per worker)")
+    opts = dict(cfg.expert_pretrain or {})
+    coef = float(opts.get("bc_coef", 0.0))
+    if not 0.0 <= coef <= 100.0:
+        raise ValueError(f"expert_pretrain.bc_coef must lie in [0, 100], got {coef}")
+    if coef > 0 and cfg.finetune_from:
+        raise ValueError(
+            "expert_pretrain.bc_coef > 0 keeps cloning the warm start's data; finetune_from has none"
+        )
+    if coef > 0 and int(opts.get("bc_steps", 10)) < 1:
+        raise ValueError(f"expert_pretrain.bc_steps must be >= 1, got {opts.get('bc_steps')}")
 
 
 # --- environments -----------------------------------------------------------------------------------
@@ -133,6 +143,68 @@ def make_train_venv(cfg: TrainConfig) -> VecEnv:
 
 
 # --- callbacks --------------------------------------------------------------------------------------
+
+
+class BehaviourCloningTerm(BaseCallback):
+    """Behaviour cloning kept up during PPO: after every rollout, ``steps`` minibatch gradient
+    steps on ``coef`` x the expert data's (weighted) cross-entropy, with their own Adam.
+
+    PPO's policy-gradient step and this one alternate, which optimises PPO's loss plus ``coef``
+    times the imitation loss: the augmented objective of DAPG (Rajeswaran et al., RSS 2018), kept
+    at a constant weight. Where the reward gives a clear signal RL moves the policy; where it
+    barely does (long no-scaling-regime episodes, whose credit is spread over hundreds of
+    decisions) the imitation term holds the policy at its teacher. Observations are normalised with
+    the training env's current statistics at every step.
+    """
+
+    def __init__(
+        self,
+        data,
+        coef: float,
+        steps: int,
+        batch_size: int = 1024,
+        learning_rate: float = 3e-5,
+        per_episode: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not coef > 0:
+            raise ValueError(f"expert_pretrain.bc_coef must be > 0 to keep a cloning term, got {coef}")
+        if int(steps) < 1:
+            raise ValueError(f"expert_pretrain.bc_steps must be >= 1, got {steps}")
+        self.data, self.coef, self.steps = data, float(coef), int(steps)
+        self.batch_size, self.learning_rate = int(batch_size), float(learning_rate)
+        self.weights = torch.as_tensor(data.weights(per_episode))
+        self.gen = np.random.default_rng(seed)
+        self.opt = None
+        self.losses: list[float] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        policy = self.model.policy
+        if self.opt is None:
+            self.opt = torch.optim.Adam(policy.parameters(), lr=self.learning_rate)
+        venv = self.model.get_env()
+        norm = venv.normalize_obs if isinstance(venv, VecNormalize) and venv.norm_obs else (lambda x: x)
+        n = len(self.data.actions)
+        policy.set_training_mode(True)
+        total = 0.0
+        for _ in range(self.steps):
+            idx = self.gen.integers(n, size=min(self.batch_size, n))
+            obs = torch.as_tensor(norm(self.data.obs[idx]), dtype=torch.float32)
+            actions = torch.as_tensor(self.data.actions[idx])
+            _, log_prob, _ = policy.evaluate_actions(obs, actions)
+            loss = -self.coef * (self.weights[idx] * log_prob).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+            self.opt.step()
+            total += float(loss.detach())
+        policy.set_training_mode(False)
+        self.losses.append(total / self.steps)
+        self.logger.record("train/bc_loss", total / self.steps)
 
 
 class RewardTermsCallback(BaseCallback):
@@ -418,6 +490,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         seconds=time.perf_counter() - t0,
     )
     log.info("warm start from %s: %s", stats["expert"], stats)
+    stats["_data"] = data  # for the behaviour-cloning term during PPO (popped by train)
     return stats
 
 
@@ -509,6 +582,16 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         reset_timesteps = True
         if cfg.expert_pretrain:
             warm_start_stats = _warm_start(cfg, model, venv)
+    expert_data = warm_start_stats.pop("_data", None)
+    opts = dict(cfg.expert_pretrain or {})
+    keep_cloning = float(opts.get("bc_coef", 0.0)) > 0
+    data_file = run_dir / "expert_data.npz"  # the cloning term's data, for a resumed run
+    if keep_cloning and expert_data is not None:
+        expert_data.save(data_file)
+    elif keep_cloning and resume is not None and data_file.is_file():
+        from dynamix_gym.learning.imitation import ExpertData
+
+        expert_data = ExpertData.load(data_file)
 
     action_set = list(venv.get_attr("action_set", [0])[0])
     schema = venv.get_attr("obs_schema", [0])[0]  # the bundle records what the envs encoded
@@ -535,8 +618,27 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
 
     n_envs = venv.num_envs
     eval_cb = TTAEvalCallback(cfg, meta_fn, best_dir)
+    bc_term = []
+    if keep_cloning:
+        if expert_data is None:
+            raise ValueError(
+                "expert_pretrain.bc_coef > 0 needs the warm start's expert data: a fresh run, or a resumed "
+                f"one whose {data_file} exists (not finetune_from)"
+            )
+        bc_term = [
+            BehaviourCloningTerm(
+                expert_data,
+                float(opts["bc_coef"]),
+                int(opts.get("bc_steps", 10)),
+                batch_size=int(opts.get("bc_batch_size", 1024)),
+                learning_rate=float(cfg.ppo.get("learning_rate", 3e-4)),
+                per_episode=bool(opts.get("episode_weighting", False)),
+                seed=cfg.seed + 31,
+            )
+        ]
     callbacks = CallbackList(
         [
+            *bc_term,
             RewardTermsCallback(),
             CheckpointCallback(
                 save_freq=max(cfg.checkpoint_every // n_envs, 1),

@@ -144,7 +144,9 @@ class ArbitratorClient:
         self.policy_version = int(reply.policy_version)
         # what the serving bundle's actions are (the service applies them; the job gets batches)
         self.action_mode = reply.action_mode or "delta"
-        self.action_steps = list(reply.action_factors) if self.action_mode == "scale" else list(reply.action_set)
+        self.action_steps = (
+            list(reply.action_factors) if self.action_mode == "scale" else list(reply.action_set)
+        )
         self.counts["registers"] += 1
         return True
 

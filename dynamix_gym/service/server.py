@@ -394,7 +394,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         session.prev_val_accuracy = float(report.val_accuracy)
         masks = None
         if served.bundle.meta.algorithm == "maskable_ppo":  # the legal steps, as in its training env
-            masks = step_masks(session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch)
+            masks = step_masks(
+                session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch
+            )
         actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, session.rng, masks)
         new, _ = session.actions.apply(actions, current, spec)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -40,7 +41,12 @@ def test_warm_start_clones_the_expert(tmp_path):
         eval_seeds=(1000,),
         eval_workers=4,
         progress_bar=False,
-        expert_pretrain={"expert": "oracle", "episodes": 4, "epochs": 30, "cache_dir": str(tmp_path / "cache")},
+        expert_pretrain={
+            "expert": "oracle",
+            "episodes": 4,
+            "epochs": 30,
+            "cache_dir": str(tmp_path / "cache"),
+        },
     )
     train(cfg)
     assert len(list((tmp_path / "cache").glob("expert-*.npz"))) == 1  # the expert's rollouts, kept
@@ -77,7 +83,9 @@ def test_per_episode_weights_give_every_episode_one_share_and_round_trip(tmp_pat
     w = data.weights(per_episode=True)
     assert np.isclose(w.mean(), 1.0)
     shares = [w[lengths == n].sum() for n in set(lengths.tolist())]
-    assert np.allclose(shares, shares[0] * np.array([np.sum(lengths == n) / (3 * n) for n in set(lengths.tolist())]))
+    assert np.allclose(
+        shares, shares[0] * np.array([np.sum(lengths == n) / (3 * n) for n in set(lengths.tolist())])
+    )
     assert np.array_equal(data.weights(per_episode=False), np.ones(len(w), dtype=np.float32))
     both = data + data
     assert len(both.episode_decisions) == 2 * len(lengths)
@@ -98,3 +106,63 @@ def test_the_expert_cache_is_keyed_by_what_the_rollouts_depend_on(tmp_path):
     assert a != _expert_cache_path(str(tmp_path), {**collect, "episodes": 5})
     assert a != _expert_cache_path(str(tmp_path), {**collect, "domain": {"workloads": ["ncf"]}})
     assert _expert_cache_path(None, collect) is None
+
+
+def test_the_cloning_term_holds_ppo_near_its_teacher(tmp_path):
+    """PPO pushed hard away from its warm start (a large entropy bonus, a high learning rate)
+    keeps more of the teacher's actions with the cloning term than without it."""
+    import torch
+
+    from dynamix_gym.controllers.bundle import load_bundle
+    from dynamix_gym.learning.imitation import ExpertData
+
+    def run(name: str, coef: float) -> Path:
+        cfg = TrainConfig(
+            run_dir=str(tmp_path / name),
+            total_timesteps=1024,
+            cluster_sizes=(3,),
+            env={"interval": 50, "reward": {"kind": "time"}},
+            ppo={"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-3, "ent_coef": 0.5},
+            policy_kwargs={"net_arch": [32, 32]},
+            checkpoint_every=10**9,
+            eval_every=10**9,
+            eval_scenarios=("static_hetero",),
+            eval_seeds=(1000,),
+            eval_workers=4,
+            progress_bar=False,
+            expert_pretrain={
+                "expert": "oracle",
+                "episodes": 3,
+                "epochs": 30,
+                "bc_coef": coef,
+                "bc_steps": 20,
+                "cache_dir": str(tmp_path / "cache"),  # both runs clone the same rollouts
+            },
+        )
+        train(cfg)
+        return tmp_path / name
+
+    free, held = run("free", 0.0), run("held", 2.0)
+    assert not (free / "expert_data.npz").exists() and (held / "expert_data.npz").exists()
+    data = ExpertData.load(held / "expert_data.npz")
+
+    def agreement(run_dir: Path) -> float:
+        bundle = load_bundle(run_dir / "policy")
+        obs = torch.as_tensor(bundle.obs_norm(data.obs))
+        with torch.no_grad():
+            acts = bundle.model.policy.get_distribution(obs).get_actions(deterministic=True).numpy()
+        return float(np.mean(acts == data.actions))
+
+    assert agreement(held) > agreement(free) + 0.05
+
+
+def test_a_cloning_term_without_data_is_refused(tmp_path):
+    import pytest
+
+    from dynamix_gym.learning.training import check_train_config
+
+    base = TrainConfig(run_dir=str(tmp_path), expert_pretrain={"expert": "oracle", "bc_coef": 1.0})
+    with pytest.raises(ValueError, match="finetune_from"):
+        check_train_config(TrainConfig(**{**base.__dict__, "finetune_from": "results/headline/policy"}))
+    with pytest.raises(ValueError, match=r"bc_coef must lie in \[0, 100\]"):
+        check_train_config(TrainConfig(**{**base.__dict__, "expert_pretrain": {"bc_coef": -1}}))

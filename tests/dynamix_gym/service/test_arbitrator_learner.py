@@ -165,7 +165,18 @@ def test_an_update_does_not_depend_on_the_order_concurrent_jobs_reported_in(bund
     obs = rng.normal(size=(2, 40, bundle.model.observation_space.shape[0])).astype(np.float32)
     jobs = [
         [
-            (f"job{j}/s{j}", 0, obs[j, k], int(rng.integers(5)), 0.1, -1.6, float(rng.normal()), k == 39, 0.0, 0)
+            (
+                f"job{j}/s{j}",
+                0,
+                obs[j, k],
+                int(rng.integers(5)),
+                0.1,
+                -1.6,
+                float(rng.normal()),
+                k == 39,
+                0.0,
+                0,
+            )
             for k in range(40)
         ]
         for j in range(2)

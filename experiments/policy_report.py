@@ -71,7 +71,9 @@ def run_row(label: str, summary: dict[str, Any], minutes: float | None) -> list[
         "-" if not math.isfinite(warm) else f"{warm / 60:.2f}",
         f"{score[best_i] / 60:.2f} (step {int(steps[best_i]):,})",
         f"{score[-1] / 60:.2f}",
-        ("yes" if improved else "**no**") if math.isfinite(warm) else "- (no warm start)",
+        "- (no warm start)"
+        if not math.isfinite(warm)
+        else ("- (no PPO)" if not later.size else ("yes" if improved else "**no**")),
     ]
 
 

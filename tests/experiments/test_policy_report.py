@@ -21,16 +21,19 @@ def _summary(path, scores):
 def test_the_report_says_whether_rl_beat_the_warm_start(tmp_path):
     _summary(tmp_path / "better", [(0, 600.0), (100, 540.0), (200, 570.0)])
     _summary(tmp_path / "worse", [(0, 600.0), (100, 660.0)])
+    _summary(tmp_path / "imitation", [(0, 600.0), (0, 600.0)])  # warm start alone (total_timesteps=0)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("policy_report", overrides=[
             f"out_dir={tmp_path / 'out'}", "~runs",
             f"+runs.better={{run_dir: {tmp_path / 'better'}, command: x, description: d}}",
             f"+runs.worse={{run_dir: {tmp_path / 'worse'}, command: y, description: e}}",
+            f"+runs.imitation={{run_dir: {tmp_path / 'imitation'}, command: z, description: f}}",
         ])  # fmt: skip
     policy_report_app(cfg)
     md = (tmp_path / "out" / "README.md").read_text()
     assert "| better | 200 | 2 | 10.00 | 9.00 (step 100) | 9.50 | yes |" in md
     assert "| worse | 100 | 2 | 10.00 | 10.00 (step 0) | 11.00 | **no** |" in md
+    assert "| imitation | 0 | 2 | 10.00 | 10.00 (step 0) | 10.00 | - (no PPO) |" in md
     assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
     with pytest.raises(FileNotFoundError, match="train the run first"):
         from experiments.policy_report import load_run

@@ -27,13 +27,14 @@ def test_expert_rollouts_reach_the_target():
     assert set(np.unique(data.actions)) <= set(range(5))
 
 
-def test_warm_start_clones_the_expert(tmp_path):
-    cfg = TrainConfig(
-        run_dir=str(tmp_path),
-        total_timesteps=256,
+def _tiny(run_dir: Path, total_timesteps: int, ppo: dict, **expert) -> TrainConfig:
+    """A few seconds of training on 3-worker clusters, warm-started from the oracle."""
+    return TrainConfig(
+        run_dir=str(run_dir),
+        total_timesteps=total_timesteps,
         cluster_sizes=(3,),
         env={"interval": 50, "reward": {"kind": "time"}},
-        ppo={"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+        ppo=ppo,
         policy_kwargs={"net_arch": [32, 32]},
         checkpoint_every=10**9,
         eval_every=10**9,
@@ -41,12 +42,17 @@ def test_warm_start_clones_the_expert(tmp_path):
         eval_seeds=(1000,),
         eval_workers=4,
         progress_bar=False,
-        expert_pretrain={
-            "expert": "oracle",
-            "episodes": 4,
-            "epochs": 30,
-            "cache_dir": str(tmp_path / "cache"),
-        },
+        expert_pretrain={"expert": "oracle", "epochs": 30, **expert},
+    )
+
+
+def test_warm_start_clones_the_expert(tmp_path):
+    cfg = _tiny(
+        tmp_path,
+        256,
+        {"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+        episodes=4,
+        cache_dir=str(tmp_path / "cache"),
     )
     train(cfg)
     assert len(list((tmp_path / "cache").glob("expert-*.npz"))) == 1  # the expert's rollouts, kept
@@ -117,29 +123,19 @@ def test_the_cloning_term_holds_ppo_near_its_teacher(tmp_path):
     from dynamix_gym.learning.imitation import ExpertData
 
     def run(name: str, coef: float) -> Path:
-        cfg = TrainConfig(
-            run_dir=str(tmp_path / name),
-            total_timesteps=1024,
-            cluster_sizes=(3,),
-            env={"interval": 50, "reward": {"kind": "time"}},
-            ppo={"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-3, "ent_coef": 0.5},
-            policy_kwargs={"net_arch": [32, 32]},
-            checkpoint_every=10**9,
-            eval_every=10**9,
-            eval_scenarios=("static_hetero",),
-            eval_seeds=(1000,),
-            eval_workers=4,
-            progress_bar=False,
-            expert_pretrain={
-                "expert": "oracle",
-                "episodes": 3,
-                "epochs": 30,
-                "bc_coef": coef,
-                "bc_steps": 20,
-                "cache_dir": str(tmp_path / "cache"),  # both runs clone the same rollouts
-            },
+        ppo = {"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-3, "ent_coef": 0.5}
+        # both runs clone the same rollouts (the cache)
+        train(
+            _tiny(
+                tmp_path / name,
+                1024,
+                ppo,
+                episodes=3,
+                bc_coef=coef,
+                bc_steps=20,
+                cache_dir=str(tmp_path / "cache"),
+            )
         )
-        train(cfg)
         return tmp_path / name
 
     free, held = run("free", 0.0), run("held", 2.0)

@@ -33,8 +33,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.controllers.base import env_options
-from dynamix_gym.controllers.bundle import PPOController, load_bundle
+from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
@@ -42,15 +41,9 @@ from dynamix_gym.service.learner import LearnerConfig
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, atomic_write_text, plain
-from experiments.serve import attach_learner
+from experiments.serve import attach_learner, episode_tta, score_bundle
 
 log = logging.getLogger(__name__)
-
-
-def _tta(summary: dict[str, Any]) -> float:
-    return float(
-        summary["time_to_accuracy_s"] if summary["reached_target"] else 2.0 * summary["total_time_s"]
-    )
 
 
 def _wave(address: str, token: str, tasks: dict, names: list[str], seeds: list[int], tag: str) -> list[dict]:
@@ -70,7 +63,7 @@ def _wave(address: str, token: str, tasks: dict, names: list[str], seeds: list[i
         out[i] = {
             "task": names[i],
             "seed": seeds[i],
-            "tta_s": _tta(s),
+            "tta_s": episode_tta(s),
             "reached": s["reached_target"],
             "version": ctl.client.policy_version,
             "decisions": s["decisions"],
@@ -81,25 +74,6 @@ def _wave(address: str, token: str, tasks: dict, names: list[str], seeds: list[i
         t.start()
     for t in threads:
         t.join(600)
-    return out
-
-
-def _score(bundle, tasks: dict, names: list[str], seeds: list[int]) -> dict[str, float]:
-    ctl = PPOController(bundle=bundle)
-    out = {}
-    for name in names:
-        task = tasks[name]
-        times = []
-        for seed in seeds:
-            env = HeteroClusterEnv(
-                **task_specs(task, {"kind": "time"}),
-                interval=int(task.get("interval", 50)),
-                action_mode=ctl.action_mode,
-                **env_options(ctl),  # the bundle's schema and steps
-            )
-            times.append(_tta(run_episode(env, ctl, seed).summary))
-            env.close()
-        out[name] = float(np.mean(times))
     return out
 
 
@@ -214,7 +188,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     for e in learner.lineage:
         if e["status"] not in ("promoted", "rolled_back"):
             continue
-        scores = _score(load_bundle(e["path"]), test_tasks, names, [int(s) for s in test_seeds])
+        scores = score_bundle(load_bundle(e["path"]), test_tasks, names, [int(s) for s in test_seeds])
         mean = float(np.mean(list(scores.values())))
         base = mean if base is None else base
         curve.append(

@@ -40,10 +40,44 @@ log = logging.getLogger(__name__)
 MIN_VALIDATION_SEED = 100
 
 
+def episode_tta(summary: dict[str, Any]) -> float:
+    """A run's time to accuracy, or twice the time used when it missed the target (as pretraining's
+    validation scores a miss)."""
+    return float(
+        summary["time_to_accuracy_s"] if summary["reached_target"] else 2.0 * summary["total_time_s"]
+    )
+
+
+def score_bundle(bundle: PolicyBundle, tasks: dict, names: list[str], seeds: list[int]) -> dict[str, float]:
+    """{task: mean :func:`episode_tta` over ``seeds``} of ``bundle`` on the simulated benchmark
+    ``tasks`` named in ``names``, each env built with the bundle's schema and steps."""
+    from experiments.benchmark import task_specs
+
+    ctl = PPOController(bundle=bundle)
+    out = {}
+    for name in names:
+        task = tasks[name]
+        specs = task_specs(task, {"kind": "time"})
+        times = []
+        for seed in seeds:
+            env = HeteroClusterEnv(
+                **specs,
+                interval=int(task.get("interval", 50)),
+                action_mode=ctl.action_mode,
+                **env_options(ctl),
+            )
+            try:
+                times.append(episode_tta(run_episode(env, ctl, seed).summary))
+            finally:
+                env.close()
+        out[name] = float(np.mean(times))
+    return out
+
+
 def make_validator(validation: dict[str, Any]):
     """bundle -> {task: mean TTA (s)} over held-out simulated tasks of the benchmark's train split
     (twice the time used when a run misses the target)."""
-    from experiments.benchmark import split_tasks, task_specs
+    from experiments.benchmark import split_tasks
 
     split = str(validation.get("split", "train"))
     if split == "test":
@@ -59,26 +93,7 @@ def make_validator(validation: dict[str, Any]):
         raise ValueError(f"validation.seeds must be >= {MIN_VALIDATION_SEED}, got {seeds}")
 
     def validate(bundle: PolicyBundle) -> dict[str, float]:
-        ctl = PPOController(bundle=bundle)
-        out = {}
-        for name in names:
-            task = tasks[name]
-            specs = task_specs(task, {"kind": "time"})
-            times = []
-            for seed in seeds:
-                env = HeteroClusterEnv(
-                    **specs,
-                    interval=int(task.get("interval", 50)),
-                    action_mode=ctl.action_mode,
-                    **env_options(ctl),  # the bundle's schema and steps
-                )
-                try:
-                    s = run_episode(env, ctl, seed).summary
-                finally:
-                    env.close()
-                times.append(s["time_to_accuracy_s"] if s["reached_target"] else 2.0 * s["total_time_s"])
-            out[name] = float(np.mean(times))
-        return out
+        return score_bundle(bundle, tasks, names, seeds)
 
     return validate
 

@@ -395,20 +395,15 @@ def _expert_cache_path(cache_dir: str | None, collect: dict[str, Any]) -> Path |
     import hashlib
     import json
 
-    def plain(value):
-        if hasattr(value, "items"):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        return value
-
-    key = json.dumps({"version": EXPERT_CACHE_VERSION, **plain(collect)}, sort_keys=True, default=str)
+    # TrainConfig holds plain containers (the app converts its config): JSON of them is the key
+    key = json.dumps({"version": EXPERT_CACHE_VERSION, **collect}, sort_keys=True, default=str)
     return Path(cache_dir) / f"expert-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
 
 
-def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
+def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, Any], Any]:
     """Behaviour cloning from an expert (dynamix_gym.learning.imitation); also seeds VecNormalize's
-    observation and return statistics with the expert's data so PPO starts where BC left off."""
+    observation and return statistics with the expert's data so PPO starts where BC left off.
+    Returns the statistics and the data cloned (expert and DAgger rows: the cloning term's)."""
     from dynamix_gym.learning.imitation import ExpertData, collect_expert_data, pretrain
 
     opts = dict(cfg.expert_pretrain or {})
@@ -490,8 +485,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> dict[str, Any]:
         seconds=time.perf_counter() - t0,
     )
     log.info("warm start from %s: %s", stats["expert"], stats)
-    stats["_data"] = data  # for the behaviour-cloning term during PPO (popped by train)
-    return stats
+    return stats, data
 
 
 def _env_of_bundle(cfg: TrainConfig, base: PolicyBundle) -> TrainConfig:
@@ -527,6 +521,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         cfg = _env_of_bundle(cfg, load_bundle(cfg.finetune_from))
     venv = make_train_venv(cfg)
     warm_start_stats: dict[str, Any] = {}
+    expert_data = None
     resume = latest_checkpoint(ckpt_dir) if cfg.resume else None
     if resume is not None:
         model_path, norm_path = resume
@@ -581,8 +576,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         )
         reset_timesteps = True
         if cfg.expert_pretrain:
-            warm_start_stats = _warm_start(cfg, model, venv)
-    expert_data = warm_start_stats.pop("_data", None)
+            warm_start_stats, expert_data = _warm_start(cfg, model, venv)
     opts = dict(cfg.expert_pretrain or {})
     keep_cloning = float(opts.get("bc_coef", 0.0)) > 0
     data_file = run_dir / "expert_data.npz"  # the cloning term's data, for a resumed run

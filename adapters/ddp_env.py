@@ -26,6 +26,8 @@ ENV_KWARGS = (
     "time_budget_s",
     "window",
     "obs_schema",
+    "split",
+    "split_tolerance",
 )
 
 #: What to do when the workers cannot start because the main module builds the env unguarded.

@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
-from dynamix_gym.actions import ActionRule
-from dynamix_gym.controllers.base import Controller
+from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule
+from dynamix_gym.controllers.base import Controller, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.schema import SCHEMA_VERSION, make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
@@ -210,8 +210,17 @@ class DynamixController:
                     if isinstance(policy, str | Path)
                     else policy
                 )
-            self.encoder = make_encoder(SCHEMA_VERSION, self.spec)
-            self.actions = ActionRule.for_spec(self.policy.action_mode, self.spec)  # the env's default steps
+            # what the policy's env would be built with: a bundle's schema, steps and split (else the
+            # env's defaults: schema 1, the mode's default steps, the policy's own split)
+            opts = env_options(self.policy)
+            self.encoder = make_encoder(opts.get("obs_schema", SCHEMA_VERSION), self.spec)
+            self.actions = ActionRule.for_spec(
+                self.policy.action_mode,
+                self.spec,
+                opts.get("action_set"),
+                opts.get("split", "policy"),
+                opts.get("split_tolerance", DEFAULT_SPLIT_TOLERANCE),
+            )
             self.policy.reset(self.spec, np.random.default_rng(seed))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
@@ -393,7 +402,7 @@ class DynamixController:
             obs = self.encoder.encode(report)
             info = {"report": report, "local_batches": self.batches.copy()}
             action, _ = self.policy.predict(obs, info, deterministic=True)
-            new, _clipped = self.actions.apply(action, self.batches, self.spec)
+            new, _clipped = self.actions.apply(action, self.batches, self.spec, report)
             stop = (
                 report.val_accuracy >= self.spec.target_accuracy
                 or report.wall_time_s >= self.spec.time_budget_s

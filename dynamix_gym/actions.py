@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
-from sim.protocol import BackendSpec
+from sim.protocol import BackendSpec, IntervalReport
 
 ACTION_MODES = ("delta", "absolute", "continuous", "scale")
 #: the discrete modes: one step of ``action_set`` per worker, with the env's ``action_masks``
@@ -26,6 +26,13 @@ DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
 DEFAULT_SCALE_SET = (0.5, 0.8, 1.0, 1.25, 2.0)
 #: continuous mode: action a in [-1, 1] scales each local batch by 1 + CONTINUOUS_SCALE * a.
 CONTINUOUS_SCALE = 0.2
+#: What happens to the batches an action asks for: ``policy`` runs them as they are (DYNAMIX's
+#: per-worker decisions); ``balanced`` keeps their sum over the live workers (the policy's global
+#: batch) and splits it in proportion to each worker's measured throughput (:func:`balanced_split`).
+SPLIT_MODES = ("policy", "balanced")
+#: balanced split: the largest relative move of any worker's batch not worth a reconfiguration
+#: (Cannikin's tolerance, results/baselines/TUNING.md).
+DEFAULT_SPLIT_TOLERANCE = 0.1
 
 
 def action_space(action_mode: str, action_set: np.ndarray, spec: BackendSpec) -> spaces.Space:
@@ -89,6 +96,47 @@ def apply_action(
     return applied, clipped
 
 
+def check_split(split: str, tolerance: float = DEFAULT_SPLIT_TOLERANCE) -> tuple[str, float]:
+    """``(split, tolerance)`` checked: a mode of :data:`SPLIT_MODES` and a tolerance in [0, 1)."""
+    if split not in SPLIT_MODES:
+        raise ValueError(f"unknown split {split!r}; choose one of {list(SPLIT_MODES)}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"split_tolerance must be a number in [0, 1), got {tolerance!r}")
+    return split, float(tolerance)
+
+
+def balanced_split(
+    requested: np.ndarray,
+    current: np.ndarray,
+    report: IntervalReport,
+    spec: BackendSpec,
+    tolerance: float = DEFAULT_SPLIT_TOLERANCE,
+) -> np.ndarray:
+    """The ``balanced`` split: the global batch of ``requested`` over the live workers, shared in
+    proportion to the throughput each showed in ``report`` (samples/s of compute), within their
+    ranges; dead workers keep their batch. Measured data only, so it runs alike on every backend.
+
+    Equal shares of throughput mean equal compute times when times are proportional to the batch,
+    and equal times are its fixed point otherwise (a worker that took longer gets less next time),
+    so that repeated splits water-fill towards the equal-time split (DLB's rule). If no worker's
+    batch would move by more than ``tolerance`` (relative) from ``current`` (the batches in force),
+    ``current`` is kept: every change costs a reconfiguration pause.
+    """
+    from dynamix_gym.controllers.split import fill_to_total, round_to_total
+
+    alive = np.asarray(report.alive, dtype=bool) & (np.asarray(report.compute_time_s) > 0)
+    if alive.sum() < 2:
+        return requested
+    speed = np.asarray(report.local_batch, dtype=np.float64)[alive] / np.asarray(report.compute_time_s)[alive]
+    lo, hi = spec.min_batch[alive], spec.max_batch[alive]
+    total = int(np.clip(requested[alive].sum(), lo.sum(), hi.sum()))
+    target = np.array(requested, dtype=np.int64, copy=True)
+    target[alive] = round_to_total(fill_to_total(speed, total, lo, hi), total, lo, hi)
+    if np.max(np.abs(target - current) / np.maximum(current, 1)) <= tolerance:
+        return np.array(current, dtype=np.int64, copy=True)
+    return target
+
+
 @dataclass(frozen=True)
 class ActionRule:
     """An action mode with its steps and space over a spec's workers: what a controller outside an
@@ -98,20 +146,37 @@ class ActionRule:
     mode: str
     steps: np.ndarray  # the mode's action set (deltas or factors)
     space: spaces.Space
+    split: str = "policy"  # SPLIT_MODES
+    split_tolerance: float = DEFAULT_SPLIT_TOLERANCE
 
     @classmethod
-    def for_spec(cls, mode: str, spec: BackendSpec, action_set: Sequence[float] | None = None) -> ActionRule:
+    def for_spec(
+        cls,
+        mode: str,
+        spec: BackendSpec,
+        action_set: Sequence[float] | None = None,
+        split: str = "policy",
+        split_tolerance: float = DEFAULT_SPLIT_TOLERANCE,
+    ) -> ActionRule:
         """The rule of ``mode`` (its default steps unless ``action_set``) over ``spec``'s workers."""
         if mode not in ACTION_MODES:
             raise ValueError(f"unknown action_mode {mode!r}; choose one of {list(ACTION_MODES)}")
         steps = check_action_set(mode, action_set)
-        return cls(mode, steps, action_space(mode, steps, spec))
+        split, split_tolerance = check_split(split, split_tolerance)
+        return cls(mode, steps, action_space(mode, steps, spec), split, split_tolerance)
 
     def apply(
-        self, action, batches: np.ndarray, spec: BackendSpec
+        self, action, batches: np.ndarray, spec: BackendSpec, report: IntervalReport | None = None
     ) -> tuple[np.ndarray, list[dict[str, int]]]:
-        """:func:`apply_action` of this rule: new batches from ``batches`` and the clippings."""
-        return apply_action(action, self.mode, self.steps, self.space, batches, spec)
+        """New batches from ``batches`` (those in force) and the clippings: :func:`apply_action`,
+        then, with ``split="balanced"``, :func:`balanced_split` over ``report`` (the last interval's
+        measurements, required then)."""
+        new, clipped = apply_action(action, self.mode, self.steps, self.space, batches, spec)
+        if self.split == "balanced":
+            if report is None:
+                raise ValueError("a balanced split needs the last interval's report")
+            new = balanced_split(new, batches, report, spec, self.split_tolerance)
+        return new, clipped
 
 
 def step_masks(

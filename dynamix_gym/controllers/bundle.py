@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.actions import step_masks
+from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, check_split, step_masks
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 from sim.protocol import BackendSpec
@@ -55,8 +55,13 @@ class BundleMeta:
     metadata: dict[str, Any] = field(default_factory=dict)
     action_mode: str = "delta"
     algorithm: str = "ppo"
+    #: how the env turned the policy's batches into the ones that ran (``SPLIT_MODES``); bundles
+    #: written before the balanced split were all ``policy``
+    split: str = "policy"
+    split_tolerance: float = DEFAULT_SPLIT_TOLERANCE
 
     def __post_init__(self) -> None:
+        self.split, self.split_tolerance = check_split(self.split, self.split_tolerance)
         if self.obs_form not in OBS_FORMS:
             raise ValueError(f"obs_form must be one of {OBS_FORMS}, got {self.obs_form!r}")
         if self.action_mode not in BUNDLE_ACTION_MODES:
@@ -193,6 +198,10 @@ class PPOController(BaseController):
         path: bundle directory (or its ``model.zip``).
         bundle: an already loaded bundle (instead of ``path``).
         deterministic: take the most likely action (default) rather than sampling.
+        split: run the policy under this split (``"policy"`` or ``"balanced"``, see
+            :class:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv`) rather than the one it was
+            trained under (``None``, the default: the bundle's); an ablation knob.
+        split_tolerance: the balanced split's tolerance (``None``: the bundle's).
     """
 
     name: ClassVar[str] = "ppo"
@@ -200,7 +209,12 @@ class PPOController(BaseController):
     uses_truth: ClassVar[bool] = False
 
     def __init__(
-        self, path: str | Path | None = None, bundle: PolicyBundle | None = None, deterministic: bool = True
+        self,
+        path: str | Path | None = None,
+        bundle: PolicyBundle | None = None,
+        deterministic: bool = True,
+        split: str | None = None,
+        split_tolerance: float | None = None,
     ):
         if bundle is None:
             if path is None:
@@ -211,6 +225,10 @@ class PPOController(BaseController):
         self.action_set = [float(a) for a in bundle.meta.action_set]
         self.action_mode = bundle.meta.action_mode
         self.schema = get_schema(bundle.meta.schema_version)
+        self.split, self.split_tolerance = check_split(
+            bundle.meta.split if split is None else split,
+            bundle.meta.split_tolerance if split_tolerance is None else split_tolerance,
+        )
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
@@ -222,9 +240,12 @@ class PPOController(BaseController):
             )
 
     def env_options(self) -> dict[str, Any]:
-        """What an env must be built with for this policy: its schema and action set (see
+        """What an env must be built with for this policy: its schema, action set and split (see
         :func:`dynamix_gym.controllers.base.env_options`)."""
-        return {"obs_schema": int(self.schema.version), "action_set": _fmt(self.action_set)}
+        out: dict[str, Any] = {"obs_schema": int(self.schema.version), "action_set": _fmt(self.action_set)}
+        if self.split != "policy":  # envs that predate the split take no such argument
+            out.update(split=self.split, split_tolerance=self.split_tolerance)
+        return out
 
     def check_env(self, env) -> None:
         """Refuse an env whose observation schema, action mode or action set differs from the
@@ -247,6 +268,12 @@ class PPOController(BaseController):
             raise BundleMismatchError(
                 f"{self.bundle.path} was trained with {kind} {_fmt(self.action_set)}; the env uses "
                 f"{_fmt(env_set)}"
+            )
+        env_split = (getattr(env, "split", "policy"), getattr(env, "split_tolerance", self.split_tolerance))
+        if env_split != (self.split, self.split_tolerance):
+            raise BundleMismatchError(
+                f"{self.bundle.path} runs under split={self.split!r} (tolerance {self.split_tolerance}); the "
+                f"env uses split={env_split[0]!r} (tolerance {env_split[1]})"
             )
 
     def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool | None = None):

@@ -16,10 +16,13 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     DEFAULT_ACTION_SET,
     DEFAULT_SCALE_SET,
     DISCRETE_ACTION_MODES,
+    SPLIT_MODES,
     action_space,
     apply_action,
+    balanced_split,
     check_action_set,
     check_in_range,
+    check_split,
     step_masks,
 )
 from dynamix_gym.reward import RewardConfig, compute_reward
@@ -53,6 +56,12 @@ class HeteroClusterEnv(gym.Env):
     worker within [min batch, memory cap], flat as sb3-contrib's ``MaskablePPO`` reads them
     (:meth:`action_mask_matrix`: one row per worker); an unmasked step outside is clipped and listed
     in ``info["clipped"]``.
+    ``split="balanced"`` (any mode; default ``"policy"``) keeps only the *sum* of the batches an
+    action asks for over the live workers, the global batch, and shares it in proportion to each
+    worker's measured throughput in the last interval (:func:`dynamix_gym.actions.balanced_split`;
+    no move within ``split_tolerance``): the policy chooses the global batch and the split follows
+    the cluster, so that same-type workers cannot drift apart. ``info["requested_batches"]`` holds
+    the action's batches before the split.
 
     ## Observation Space
     ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
@@ -122,7 +131,8 @@ class HeteroClusterEnv(gym.Env):
     ``gymnasium.make("dynamix/HeteroCluster-v0", cluster=None, workload=None,
     scenario="static_hetero", reward="dynamix", interval=50, workers=None, action_mode="delta",
     action_set=None, max_decisions=None, time_budget_s=None, initial_batch=None, window=4,
-    backend=None, sim_kwargs=None, profile=None, obs_schema=1)``. ``action_set=None`` is the
+    backend=None, sim_kwargs=None, profile=None, obs_schema=1, split="policy",
+    split_tolerance=0.1)``. ``action_set=None`` is the
     mode's default (deltas (-100, -25, 0, 25, 100); factors (0.5, 0.8, 1, 1.25, 2) in ``scale``
     mode); ``obs_schema`` is 1 (absolute, DYNAMIX's), 2 (scale-free) or 3 (scale-free with the
     learning-rate regime). ``workers=N``
@@ -159,8 +169,11 @@ class HeteroClusterEnv(gym.Env):
         sim_kwargs: dict[str, Any] | None = None,
         profile: Any = None,
         obs_schema: int | str = 1,
+        split: str = "policy",
+        split_tolerance: float = 0.1,
     ) -> None:
         super().__init__()
+        self.split, self.split_tolerance = check_split(split, split_tolerance)
         self.obs_schema = get_schema(check_schema_version("obs_schema", obs_schema))
         if action_mode not in ACTION_MODES:
             raise ValueError(f"unknown action_mode {action_mode!r}; choose one of {list(ACTION_MODES)}")
@@ -244,7 +257,12 @@ class HeteroClusterEnv(gym.Env):
             raise RuntimeError("HeteroClusterEnv.step() called before reset()")
         if self._episode_over:
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
-        new_batches, clipped = self.apply_action(action)
+        requested, clipped = self.apply_action(action)
+        new_batches = requested
+        if self.split == "balanced":
+            new_batches = balanced_split(
+                requested, self.batches, self.last_report, self.backend.spec, self.split_tolerance
+            )
         self.batches = new_batches
         report = self.backend.run_interval(new_batches, self.interval)
         self._observe(report)
@@ -259,6 +277,7 @@ class HeteroClusterEnv(gym.Env):
         self._prev_val_accuracy = float(report.val_accuracy)
         self._episode_over = terminated or truncated
         info = self._info(report, clipped, terms)
+        info["requested_batches"] = requested
         if terminated:
             info["time_to_accuracy_s"] = report.wall_time_s
         return self._obs(), reward, terminated, truncated, info
@@ -338,6 +357,7 @@ __all__ = [
     "DEFAULT_ACTION_SET",
     "DEFAULT_SCALE_SET",
     "DISCRETE_ACTION_MODES",
+    "SPLIT_MODES",
     "HeteroClusterEnv",
     "step_masks",
 ]

@@ -495,12 +495,14 @@ def _env_of_bundle(cfg: TrainConfig, base: PolicyBundle) -> TrainConfig:
 
     meta = base.meta
     own = {"obs_schema": int(meta.schema_version), "action_set": list(meta.action_set)}
+    if meta.split != "policy":
+        own.update(split=meta.split, split_tolerance=meta.split_tolerance)
     env = dict(cfg.env)
     for key, value in own.items():
         if (
             key in env
             and env[key] is not None
-            and [float(v) for v in np.atleast_1d(env[key])] != [float(v) for v in np.atleast_1d(value)]
+            and np.atleast_1d(env[key]).tolist() != np.atleast_1d(value).tolist()
         ):
             raise ValueError(f"env.{key}={env[key]} but finetune_from {base.path} was trained with {value}")
         env[key] = value
@@ -589,6 +591,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
 
     action_set = list(venv.get_attr("action_set", [0])[0])
     schema = venv.get_attr("obs_schema", [0])[0]  # the bundle records what the envs encoded
+    split = venv.get_attr("split", [0])[0], float(venv.get_attr("split_tolerance", [0])[0])
 
     def meta_fn() -> BundleMeta:
         return BundleMeta(
@@ -598,6 +601,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             else [int(a) for a in action_set],
             action_mode=cfg.action_mode,
             algorithm=cfg.algorithm,
+            split=split[0],
+            split_tolerance=split[1],
             schema_version=schema.version,
             feature_names=schema.per_worker_names(),
             num_workers=cfg.centralised_workers if cfg.obs_form == "centralised" else None,

@@ -285,7 +285,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             )
             return self._refuse(context, code, str(e))
         try:  # the bundle's own steps, as its training env applied them
-            actions = ActionRule.for_spec(meta.action_mode, spec, meta.action_set)
+            actions = ActionRule.for_spec(
+                meta.action_mode, spec, meta.action_set, meta.split, meta.split_tolerance
+            )
         except ValueError as e:
             return self._refuse(
                 context,
@@ -398,7 +400,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch
             )
         actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, session.rng, masks)
-        new, _ = session.actions.apply(actions, current, spec)
+        new, _ = session.actions.apply(actions, current, spec, report)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
         session.next_seq = seq + 1

@@ -86,6 +86,33 @@ def test_torchrun_example_moves_batch_to_the_fast_rank():
     assert int(b0) > int(b1)  # rank 1 emulates a 3x slower device: DLB gives rank 0 more work
 
 
+@pytest.mark.slow  # real DDP ranks: make test-slow
+def test_torchrun_drop_in_drives_a_scale_free_bundle():
+    """The universal bundle (observation schema 3, masked scale steps) in the drop-in: it gets the
+    bundle's schema and steps, not the env defaults (schema 1 and deltas, which it once got and
+    failed on at its first decision)."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this Python")
+    proc = _run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            "adapters/examples/torchrun_digits.py",
+            "--policy",
+            "results/policies/universal",
+            "--iterations",
+            "75",
+            "--interval",
+            "25",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"done: 75 steps, 3 decisions, .*\(policy ppo\)", proc.stdout), proc.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the clean skip; the GPU test runs it for real")
 def test_gpu_check_skips_cleanly_without_cuda():
     proc = _run([sys.executable, "-m", "adapters.gpu_check"], timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -53,10 +54,13 @@ def test_two_jobs_against_the_service_decide_as_the_policy_in_process(running, b
     assert running.service.stats["decisions"] == sum(s["decisions"] for s, _ in results)
 
 
-def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path):
+@pytest.mark.parametrize("split", ["policy", "balanced"])
+def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path, split):
     """The universal bundle (schema 3, masked multiplicative steps) through the service: the same
-    decisions as in process, the reply names its steps, and every logged decision carries its mask."""
+    decisions as in process, the reply names its steps, and every logged decision carries its mask.
+    Under the balanced split too: the service shares the global batch as the env does."""
     universal = load_bundle(UNIVERSAL_BUNDLE)
+    universal = dataclasses.replace(universal, meta=dataclasses.replace(universal.meta, split=split))
     meta = universal.meta
     assert (meta.action_mode, meta.algorithm, meta.schema_version) == ("scale", "maskable_ppo", "3")
     job = {"workers": 4, "workload": "ncf", "scenario": "throttle"}
@@ -69,10 +73,10 @@ def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path):
     finally:
         running.stop()
     assert (ctl.client.action_mode, ctl.client.action_steps) == ("scale", list(meta.action_set))
-    local_env = HeteroClusterEnv(
-        **job, action_mode="scale", action_set=meta.action_set, obs_schema=meta.schema_version
-    )
-    local = run_episode(local_env, PPOController(bundle=universal), 7).summary
+    in_process = PPOController(bundle=universal)
+    local_env = HeteroClusterEnv(**job, action_mode="scale", **in_process.env_options())
+    assert local_env.split == split
+    local = run_episode(local_env, in_process, 7).summary
     assert remote["reached_target"] and remote["batch_changes"] > 0
     assert remote["time_to_accuracy_s"] == local["time_to_accuracy_s"]
     decisions = [r for r in read_log(running.log_path) if r["kind"] == "decision"]

@@ -52,29 +52,28 @@ def test_deploy_app_runs_a_baseline_on_real_ddp_and_writes_the_evaluation_summar
     assert [r["step"] for r in timeline] == ["0", "1", "2", "3"]
 
 
-@pytest.mark.slow  # real DDP ranks: make test-slow
-def test_torchrun_example_moves_batch_to_the_fast_rank():
+def _torchrun_example(*args: str) -> subprocess.CompletedProcess:
+    """``adapters/examples/torchrun_digits.py`` under torchrun with 2 local ranks and ``args``."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed beside this Python")
-    proc = _run(
-        [
-            torchrun,
-            "--nproc-per-node",
-            "2",
-            "--standalone",
-            "adapters/examples/torchrun_digits.py",
-            "--policy",
-            "dlb",
-            "--policy-kwargs",
-            '{"global_batch": null}',  # keep the initial global batch (64) and split it
-            "--slowdown",
-            "1,3",
-            "--iterations",
-            "100",
-            "--interval",
-            "25",
-        ]
+    example = "adapters/examples/torchrun_digits.py"
+    return _run([torchrun, "--nproc-per-node", "2", "--standalone", example, *args])
+
+
+@pytest.mark.slow  # real DDP ranks: make test-slow
+def test_torchrun_example_moves_batch_to_the_fast_rank():
+    proc = _torchrun_example(
+        "--policy",
+        "dlb",
+        "--policy-kwargs",
+        '{"global_batch": null}',  # keep the initial global batch (64) and split it
+        "--slowdown",
+        "1,3",
+        "--iterations",
+        "100",
+        "--interval",
+        "25",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = re.search(
@@ -91,23 +90,8 @@ def test_torchrun_drop_in_drives_a_scale_free_bundle():
     """The universal bundle (observation schema 3, masked scale steps) in the drop-in: it gets the
     bundle's schema and steps, not the env defaults (schema 1 and deltas, which it once got and
     failed on at its first decision)."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
-        pytest.skip("torchrun is not installed beside this Python")
-    proc = _run(
-        [
-            torchrun,
-            "--nproc-per-node",
-            "2",
-            "--standalone",
-            "adapters/examples/torchrun_digits.py",
-            "--policy",
-            "results/policies/universal",
-            "--iterations",
-            "75",
-            "--interval",
-            "25",
-        ]
+    proc = _torchrun_example(
+        "--policy", "results/policies/universal", "--iterations", "75", "--interval", "25"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"done: 75 steps, 3 decisions, .*\(policy ppo\)", proc.stdout), proc.stdout

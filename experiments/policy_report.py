@@ -11,6 +11,9 @@ accuracy, the warm start at step 0) and writes ``results/policies/README.md`` wi
 * per validation task: the best bundle's time beside the warm start's;
 * ``learning_curve.png``: validation against training steps, every run.
 
+Run folders (``runs/``) are not committed: a run whose folder is absent is read from the
+``runs.json`` an earlier report wrote beside the README (validation history, steps, training time).
+
 The validation tasks are held-out seeds of the benchmark's *train* split: the test split is for
 ``experiments.benchmark`` alone.
 """
@@ -18,6 +21,7 @@ The validation tasks are held-out seeds of the benchmark's *train* split: the te
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,8 @@ from omegaconf import DictConfig
 
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
+
+log = logging.getLogger(__name__)
 
 RUN_COLUMNS = [
     "run",
@@ -162,18 +168,32 @@ def benchmark_lines(cfg: DictConfig) -> list[str]:
     ]
 
 
+def committed_runs(out: Path) -> dict[str, dict[str, Any]]:
+    """The runs recorded by an earlier report (``out/runs.json``): run folders are not committed, so
+    a fresh checkout re-renders the report of runs trained elsewhere from this record."""
+    path = out / "runs.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def policy_report_app(cfg: DictConfig) -> dict[str, Any]:
+    out = Path(to_absolute_path(str(cfg.out_dir)))
+    recorded = committed_runs(out)
     runs, minutes = {}, {}
     for label, spec in cfg.runs.items():
         run_dir = Path(to_absolute_path(str(spec.run_dir)))
-        runs[label] = load_run(run_dir)
+        if not (run_dir / "train_summary.json").exists() and label in recorded:
+            log.info("%s: %s is absent; its validation history is read from %s", label, run_dir, out / "runs.json")
+            runs[label] = recorded[label]
+        else:
+            runs[label] = load_run(run_dir)
         secs = runs[label].get("train_seconds")
         minutes[label] = None if secs is None else float(secs) / 60
-    out = Path(to_absolute_path(str(cfg.out_dir)))
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "learning_curve.png")
     atomic_write_text(out / "README.md", render(cfg, runs, minutes))
-    summary = {label: {"history": s["history"], "timesteps": s["timesteps"]} for label, s in runs.items()}
+    summary = {
+        label: {k: s[k] for k in ("history", "timesteps", "train_seconds") if k in s} for label, s in runs.items()
+    }
     atomic_write_text(out / "runs.json", json.dumps(summary, indent=1) + "\n")
     return summary
 

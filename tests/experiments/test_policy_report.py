@@ -35,6 +35,11 @@ def test_the_report_says_whether_rl_beat_the_warm_start(tmp_path):
     assert "| worse | 100 | 2 | 10.00 | 10.00 (step 0) | 11.00 | **no** |" in md
     assert "| imitation | 0 | 2 | 10.00 | 10.00 (step 0) | 10.00 | - (no PPO) |" in md
     assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
+    # a fresh checkout has no run folders: the report re-renders from the runs.json it wrote
+    for name in ("better", "worse", "imitation"):
+        (tmp_path / name / "train_summary.json").unlink()
+    policy_report_app(cfg)
+    assert (tmp_path / "out" / "README.md").read_text() == md
     with pytest.raises(FileNotFoundError, match="train the run first"):
         from experiments.policy_report import load_run
 

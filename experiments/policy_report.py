@@ -182,7 +182,9 @@ def policy_report_app(cfg: DictConfig) -> dict[str, Any]:
     for label, spec in cfg.runs.items():
         run_dir = Path(to_absolute_path(str(spec.run_dir)))
         if not (run_dir / "train_summary.json").exists() and label in recorded:
-            log.info("%s: %s is absent; its validation history is read from %s", label, run_dir, out / "runs.json")
+            log.info(
+                "%s: %s is absent; its validation history is read from %s", label, run_dir, out / "runs.json"
+            )
             runs[label] = recorded[label]
         else:
             runs[label] = load_run(run_dir)
@@ -192,7 +194,8 @@ def policy_report_app(cfg: DictConfig) -> dict[str, Any]:
     plot(runs, out / "learning_curve.png")
     atomic_write_text(out / "README.md", render(cfg, runs, minutes))
     summary = {
-        label: {k: s[k] for k in ("history", "timesteps", "train_seconds") if k in s} for label, s in runs.items()
+        label: {k: s[k] for k in ("history", "timesteps", "train_seconds") if k in s}
+        for label, s in runs.items()
     }
     atomic_write_text(out / "runs.json", json.dumps(summary, indent=1) + "\n")
     return summary

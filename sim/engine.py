@@ -30,7 +30,7 @@ import numpy as np
 import simpy
 
 from sim.cluster import ClusterSpec, get_cluster
-from sim.convergence import ConvergenceModel
+from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import ComputeParams, smooth_max
 from sim.network import TCP_MSS_BYTES, CommModel
@@ -76,6 +76,8 @@ class Simulator:
         compute_params: per GPU type, a :class:`~sim.hardware.ComputeParams` that replaces the
             fitted one (generated worlds: :class:`dynamix_gym.envs.randomized.DomainRandomization`
             draws them around the fitted curves); every key must be a GPU type of the cluster.
+        convergence_params: a :class:`~sim.convergence.ConvergenceParams` that replaces the
+            workload's fitted convergence model (generated worlds draw a learning-rate limit into it).
 
     Same seed, same reports, to the bit.
     """
@@ -95,6 +97,7 @@ class Simulator:
         profile: str | Path | ClusterProfile | None = None,
         interval_overhead_s: float | None = None,
         compute_params: Mapping[str, ComputeParams] | None = None,
+        convergence_params: ConvergenceParams | None = None,
     ) -> None:
         prof = load_profile(profile) if profile is not None else None
         self.profile = prof
@@ -121,7 +124,12 @@ class Simulator:
         self.reconfig_delay_s = check_range("reconfig_delay_s", reconfig_delay_s, 0.0, 3600.0)
         self.interval_overhead_s = check_range("interval_overhead_s", interval_overhead_s, 0.0, 3600.0)
         wl = self.workload
-        self.convergence = ConvergenceModel(models.convergence_params(wl.convergence), lr_rule or wl.lr_rule)
+        if convergence_params is not None and not isinstance(convergence_params, ConvergenceParams):
+            raise ValueError(
+                f"convergence_params must be a sim.convergence.ConvergenceParams, got {type(convergence_params).__name__}"
+            )
+        conv_params = convergence_params or models.convergence_params(wl.convergence)
+        self.convergence = ConvergenceModel(conv_params, lr_rule or wl.lr_rule)
 
         n = self.cluster.num_workers
         self.gpu_types = self.cluster.gpu_types

@@ -13,7 +13,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
 from sim.faults import FaultWindow, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
-from sim.profile import ClusterProfile, load_profile
+from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.validation import check_choice, check_int, check_min_max, check_range
 from sim.workloads import get_workload
 
@@ -41,6 +41,14 @@ class DomainRandomization:
     above 1: a larger batch costs more per sample, as on the CPU ranks of the fidelity profile,
     1.23; the fitted GPU curves lie at 0.25-1.03). Memory caps stay the fitted ones.
 
+    Generated learning-rate limits (off by default): with probability ``lr_limit_probability`` an
+    episode's workload gets a limit on the learning rate its rule may reach, the stability factor
+    of :func:`sim.scaling.lr_stability`: beyond a multiplier of the base learning rate drawn
+    log-uniformly from ``lr_stable_gain``, progress per step falls as (g_s / g) ** q, q ~
+    U(``lr_unstable_exponent``). The fitted shipped models have none; the schedule fit of the
+    fidelity app's real task finds g_s = 2.0, q = 0.86 (``results/fidelity/schedules_fit.md``),
+    where AdaScale's gain after a large batch increase destabilises real training.
+
     With ``profile`` (a calibrated cluster profile, see ``python -m experiments.calibrate``) the
     cluster, workload and fitted models are the profile's: ``workers`` must equal its worker count,
     and ``t4_fraction``, ``third_type_probability`` and ``workloads`` are not used. Pretraining on a
@@ -66,6 +74,9 @@ class DomainRandomization:
     max_types: int = 4
     compute_sd: float = 0.0
     exponent_scale: tuple[float, float] = (1.0, 1.0)
+    lr_limit_probability: float = 0.0
+    lr_stable_gain: tuple[float, float] = (1.5, 8.0)
+    lr_unstable_exponent: tuple[float, float] = (0.5, 1.5)
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -95,6 +106,14 @@ class DomainRandomization:
         check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
         check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
+        check_range("domain.lr_limit_probability", self.lr_limit_probability, 0.0, 1.0)
+        for name, low, high in (("lr_stable_gain", 1.0, 1e4), ("lr_unstable_exponent", 0.01, 10.0)):
+            pair = getattr(self, name)
+            if len(pair) != 2:
+                raise ValueError(f"domain.{name} must be a [low, high] pair, got {pair!r}")
+            for i, v in enumerate(pair):
+                check_range(f"domain.{name}[{i}]", v, low, high)
+            check_min_max(f"domain.{name}[0]", pair[0], f"domain.{name}[1]", pair[1])
         for name, low, high, low_open in (
             ("window_start_s", 0.0, 1e9, False),
             ("window_duration_s", 0.0, 1e9, True),
@@ -168,6 +187,18 @@ class DomainRandomization:
         out = {"cluster": cluster, "scenario": scenario, "workload": workload}
         if self.compute_sd > 0.0 or tuple(self.exponent_scale) != (1.0, 1.0):
             out["compute_params"] = self._generated_compute(rng, cluster, workload)
+        if self.lr_limit_probability > 0.0:  # no draw when off: the other worlds' streams stay as they were
+            limited = rng.random() < self.lr_limit_probability
+            lo, hi = np.log(self.lr_stable_gain)
+            gain, exponent = (
+                float(np.exp(rng.uniform(lo, hi))),
+                float(rng.uniform(*self.lr_unstable_exponent)),
+            )
+            if limited:
+                fitted = SHIPPED_MODELS.convergence_params(get_workload(workload).convergence)
+                out["convergence_params"] = replace(
+                    fitted, lr_stable_gain=gain, lr_unstable_exponent=exponent
+                )
         return out
 
     def _generated_compute(self, rng: np.random.Generator, cluster, workload) -> dict[str, ComputeParams]:

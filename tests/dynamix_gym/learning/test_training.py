@@ -238,6 +238,41 @@ def test_generated_compute_curves_are_drawn_per_type_and_reach_the_simulator():
         DomainRandomization(compute_sd=-0.1)
 
 
+def test_generated_learning_rate_limits_are_drawn_and_slow_the_simulated_progress():
+    from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+    from sim.engine import Simulator
+
+    plain = DomainRandomization(workers=4, workloads=("cifar10",))
+    assert "convergence_params" not in plain.sample(np.random.default_rng(0))  # off by default
+    dom = DomainRandomization(
+        workers=4, workloads=("cifar10",), lr_limit_probability=0.5, lr_stable_gain=(2.0, 8.0)
+    )
+    draws = [dom.sample(np.random.default_rng(s)).get("convergence_params") for s in range(200)]
+    limited = [c for c in draws if c is not None]
+    assert 70 < len(limited) < 130
+    gains = [c.lr_stable_gain for c in limited]
+    assert 2.0 <= min(gains) < 2.5 and 7.0 < max(gains) <= 8.0
+    assert all(0.5 <= c.lr_unstable_exponent <= 1.5 and c.name == "cifar10" for c in limited)
+    env = RandomizedClusterEnv(domain={**dom.__dict__, "lr_limit_probability": 1.0})
+    env.reset(seed=3)
+    assert env.backend.sim.convergence.params == env.episode_config["convergence_params"]
+    env.close()
+    # the limit acts: past its gain, a step makes less progress than the fitted model's
+    fitted = Simulator("t4v100", "cifar10").convergence
+    capped = Simulator("t4v100", "cifar10", convergence_params=limited[0]).convergence
+    mid = 0.5 * fitted.params.total_progress  # a noise scale at which AdaScale's gain at 8192 is large
+    assert capped.progress_per_step(8192, mid) < 0.5 * fitted.progress_per_step(8192, mid)
+    assert capped.progress_per_step(fitted.base_batch, mid) == fitted.progress_per_step(
+        fitted.base_batch, mid
+    )
+    with pytest.raises(ValueError, match=r"domain\.lr_stable_gain\[0\]"):
+        DomainRandomization(lr_stable_gain=(0.5, 2.0))
+    with pytest.raises(ValueError, match=r"domain\.lr_limit_probability"):
+        DomainRandomization(lr_limit_probability=1.5)
+    with pytest.raises(ValueError, match="convergence_params must be"):
+        Simulator("t4v100", convergence_params={"lr_stable_gain": 2.0})
+
+
 def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end(tmp_path):
     """MaskablePPO on schema 2 with multiplicative steps over generated worlds (several GPU types
     and workloads), warm-started by the oracle, validated on a benchmark train-split task; the

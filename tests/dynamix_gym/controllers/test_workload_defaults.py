@@ -1,7 +1,10 @@
 """Baselines whose parameters follow the workload (issue 11.2): no default is a CIFAR-10 batch size.
 
-The NCF comparisons run on two tuning seeds (100, 101), as results/baselines/TUNING.md does; the
-bounds on the ratio to the best static batch are the gaps TUNING.md explains.
+The NCF comparisons run on ten seeds (100-109; TUNING.md's tuning seeds are 100-104): a run's
+first decisions follow a noise-scale estimate from one interval, and on two seeds (100-101, this
+test's until 2026-12-02) the mean swung with the machine: Pollux within 1.4x the best static batch
+on the CPUs it ran on before, 2.8x on an AMD EPYC, where seed 101's run differs; over ten seeds the
+ratios are 1.5-1.9x for the rules and 4.6x for REX. The bounds are the gaps TUNING.md explains.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dynamix_gym import HeteroClusterEnv
 from dynamix_gym.controllers import make_controller
 from dynamix_gym.evaluation import run_episode
 
-NCF_SEEDS = (100, 101)
+NCF_SEEDS = tuple(range(100, 110))
 
 
 def make_env(workload: str, scenario: str = "mixed", initial_batch: int | None = None) -> HeteroClusterEnv:
@@ -46,7 +49,10 @@ def ncf_static() -> dict[int, float]:
 
 @pytest.mark.parametrize(
     ("name", "max_ratio"),
-    [("dlb", 2.0), ("omnilearn", 2.0), ("pollux", 1.4), ("rex", 5.0), ("cannikin", 2.0)],
+    # Pollux as the other rules: it re-optimises once per epoch (AdaptDL's cadence), and when the
+    # first interval's noise estimate is low its first batch (~800 of NCF's 32768) holds for the
+    # epoch, most of an NCF run (1.79x over these seeds, 1.86x over seeds 100-129)
+    [("dlb", 2.0), ("omnilearn", 2.0), ("pollux", 2.0), ("rex", 5.0), ("cannikin", 2.0)],
 )
 def test_baselines_come_near_the_best_static_batch_on_ncf(ncf_static, name, max_ratio):
     tta = mean_tta(name)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
-from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule
+from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule, observed_reconfig_s
 from dynamix_gym.controllers.base import Controller, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.schema import SCHEMA_VERSION, make_encoder
@@ -228,6 +228,7 @@ class DynamixController:
         self.done = False
         self.decisions = 0
         self.last_report: IntervalReport | None = None
+        self._reconfig_s: float | None = None  # the last measured reconfiguration pause (balanced_cost)
         self.overhead_s = 0.0  # time spent in decisions (gather, policy, broadcast), this rank
         #: seconds spent per part of the decisions, this rank (the gather includes waiting for peers)
         self.timings = {"measure": 0.0, "gather": 0.0, "policy": 0.0, "broadcast": 0.0}
@@ -402,7 +403,8 @@ class DynamixController:
             obs = self.encoder.encode(report)
             info = {"report": report, "local_batches": self.batches.copy()}
             action, _ = self.policy.predict(obs, info, deterministic=True)
-            new, _clipped = self.actions.apply(action, self.batches, self.spec, report)
+            self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
+            new, _clipped = self.actions.apply(action, self.batches, self.spec, report, self._reconfig_s)
             stop = (
                 report.val_accuracy >= self.spec.target_accuracy
                 or report.wall_time_s >= self.spec.time_budget_s

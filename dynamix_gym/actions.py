@@ -28,8 +28,12 @@ DEFAULT_SCALE_SET = (0.5, 0.8, 1.0, 1.25, 2.0)
 CONTINUOUS_SCALE = 0.2
 #: What happens to the batches an action asks for: ``policy`` runs them as they are (DYNAMIX's
 #: per-worker decisions); ``balanced`` keeps their sum over the live workers (the policy's global
-#: batch) and splits it in proportion to each worker's measured throughput (:func:`balanced_split`).
-SPLIT_MODES = ("policy", "balanced")
+#: batch) and splits it in proportion to each worker's measured throughput (:func:`balanced_split`);
+#: ``balanced_cost`` does the same but keeps the batches in force when the global batch barely moves
+#: and the re-split would not win back its measured reconfiguration pause within one interval.
+SPLIT_MODES = ("policy", "balanced", "balanced_cost")
+#: the split modes that re-split the global batch by measured throughput
+BALANCED_SPLITS = ("balanced", "balanced_cost")
 #: balanced split: the largest relative move of any worker's batch not worth a reconfiguration
 #: (Cannikin's tolerance, results/baselines/TUNING.md).
 DEFAULT_SPLIT_TOLERANCE = 0.1
@@ -105,12 +109,21 @@ def check_split(split: str, tolerance: float = DEFAULT_SPLIT_TOLERANCE) -> tuple
     return split, float(tolerance)
 
 
+def observed_reconfig_s(previous: float | None, report: IntervalReport | None) -> float | None:
+    """The latest measured reconfiguration pause: ``report``'s when its interval paid one (> 0),
+    else ``previous`` (``None`` until a change has been measured)."""
+    if report is not None and float(report.reconfig_time_s) > 0.0:
+        return float(report.reconfig_time_s)
+    return previous
+
+
 def balanced_split(
     requested: np.ndarray,
     current: np.ndarray,
     report: IntervalReport,
     spec: BackendSpec,
     tolerance: float = DEFAULT_SPLIT_TOLERANCE,
+    reconfig_s: float | None = None,
 ) -> np.ndarray:
     """The ``balanced`` split: the global batch of ``requested`` over the live workers, shared in
     proportion to the throughput each showed in ``report`` (samples/s of compute), within their
@@ -121,6 +134,13 @@ def balanced_split(
     so that repeated splits water-fill towards the equal-time split (DLB's rule). If no worker's
     batch would move by more than ``tolerance`` (relative) from ``current`` (the batches in force),
     ``current`` is kept: every change costs a reconfiguration pause.
+
+    With ``reconfig_s`` (the last measured pause; the ``balanced_cost`` split), a re-split that
+    leaves the global batch within ``tolerance`` of the one in force is made only if it pays: the
+    compute time it saves per iteration at the measured speeds (slowest worker now minus slowest
+    worker after), times the interval's iterations, must exceed ``reconfig_s``. Where iterations
+    are dominated by a fixed cost (short intervals of a small model) a small re-split no longer
+    buys a pause that is a third of the interval.
     """
     from dynamix_gym.controllers.split import fill_to_total, round_to_total
 
@@ -134,6 +154,13 @@ def balanced_split(
     target[alive] = round_to_total(fill_to_total(speed, total, lo, hi), total, lo, hi)
     if np.max(np.abs(target - current) / np.maximum(current, 1)) <= tolerance:
         return np.array(current, dtype=np.int64, copy=True)
+    if reconfig_s is not None:
+        held = int(np.asarray(current)[alive].sum())
+        if abs(target[alive].sum() - held) <= tolerance * max(held, 1):
+            now = float(np.max(np.asarray(current, dtype=np.float64)[alive] / speed))
+            after = float(np.max(target[alive] / speed))
+            if (now - after) * float(np.max(np.asarray(report.iterations))) < reconfig_s:
+                return np.array(current, dtype=np.int64, copy=True)
     return target
 
 
@@ -166,16 +193,23 @@ class ActionRule:
         return cls(mode, steps, action_space(mode, steps, spec), split, split_tolerance)
 
     def apply(
-        self, action, batches: np.ndarray, spec: BackendSpec, report: IntervalReport | None = None
+        self,
+        action,
+        batches: np.ndarray,
+        spec: BackendSpec,
+        report: IntervalReport | None = None,
+        reconfig_s: float | None = None,
     ) -> tuple[np.ndarray, list[dict[str, int]]]:
         """New batches from ``batches`` (those in force) and the clippings: :func:`apply_action`,
-        then, with ``split="balanced"``, :func:`balanced_split` over ``report`` (the last interval's
-        measurements, required then)."""
+        then, with a balanced split, :func:`balanced_split` over ``report`` (the last interval's
+        measurements, required then); ``reconfig_s`` (the last measured reconfiguration pause, see
+        :func:`observed_reconfig_s`) is used by ``balanced_cost`` only."""
         new, clipped = apply_action(action, self.mode, self.steps, self.space, batches, spec)
-        if self.split == "balanced":
+        if self.split in BALANCED_SPLITS:
             if report is None:
                 raise ValueError("a balanced split needs the last interval's report")
-            new = balanced_split(new, batches, report, spec, self.split_tolerance)
+            paid = reconfig_s if self.split == "balanced_cost" else None
+            new = balanced_split(new, batches, report, spec, self.split_tolerance, paid)
         return new, clipped
 
 

@@ -8,7 +8,7 @@ generator handed to :class:`FaultInjector` (one seed drives the whole simulation
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -301,6 +301,50 @@ def scale_intensity(scenario: Scenario, factor: float, name: str | None = None) 
             congestion_rate_per_hour=sc.network.congestion_rate_per_hour * factor,
         ),
         slowdown=replace(sc.slowdown, probability=min(sc.slowdown.probability * factor, 1.0)),
+    )
+
+
+def compose_scenarios(parts: Sequence[Scenario], name: str | None = None) -> Scenario:
+    """One scenario in which the fault processes of every scenario of ``parts`` run at once (the
+    compound fault worlds of domain randomisation).
+
+    Per process the most active part's spec is taken (the highest throttle onset rate, interference
+    burst rate, congestion onset rate, slowdown probability; ties go to the earlier part); the
+    network's per-iteration jitter takes the largest of each part's levels; scheduled windows are
+    concatenated; the static speeds and the noise levels are the first part's (the noise levels
+    the largest). An empty ``parts`` is an error; one part is returned unchanged.
+    """
+    if not parts:
+        raise ValueError("compose_scenarios needs at least one scenario")
+    parts = [get_scenario(p) for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+
+    def most(key):
+        return max(parts, key=key)  # max keeps the first of equal keys
+
+    throttle = most(lambda p: p.throttle.rate_per_hour).throttle
+    interference = most(lambda p: p.interference.rate_per_hour).interference
+    slowdown = most(lambda p: p.slowdown.probability).slowdown
+    congested = most(lambda p: p.network.congestion_rate_per_hour).network
+    network = replace(
+        congested,
+        bandwidth_cv=max(p.network.bandwidth_cv for p in parts),
+        latency_jitter_s=max(p.network.latency_jitter_s for p in parts),
+        loss_rate=max(p.network.loss_rate for p in parts),
+    )
+    return replace(
+        first,
+        name=name or "+".join(p.name for p in parts),
+        description="Compound: " + "; ".join(p.description or p.name for p in parts),
+        throttle=throttle,
+        interference=interference,
+        network=network,
+        slowdown=slowdown,
+        windows=tuple(w for p in parts for w in p.windows),
+        compute_noise_cv=max(p.compute_noise_cv for p in parts),
+        measurement_noise_cv=max(p.measurement_noise_cv for p in parts),
     )
 
 

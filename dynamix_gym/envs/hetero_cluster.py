@@ -12,6 +12,7 @@ from gymnasium import spaces
 
 from dynamix_gym.actions import (  # the action names are re-exported for the envs built on this one
     ACTION_MODES,
+    BALANCED_SPLITS,
     CONTINUOUS_SCALE,
     DEFAULT_ACTION_SET,
     DEFAULT_SCALE_SET,
@@ -23,6 +24,7 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     check_action_set,
     check_in_range,
     check_split,
+    observed_reconfig_s,
     step_masks,
 )
 from dynamix_gym.reward import RewardConfig, compute_reward
@@ -60,8 +62,10 @@ class HeteroClusterEnv(gym.Env):
     action asks for over the live workers, the global batch, and shares it in proportion to each
     worker's measured throughput in the last interval (:func:`dynamix_gym.actions.balanced_split`;
     no move within ``split_tolerance``): the policy chooses the global batch and the split follows
-    the cluster, so that same-type workers cannot drift apart. ``info["requested_batches"]`` holds
-    the action's batches before the split.
+    the cluster, so that same-type workers cannot drift apart. ``split="balanced_cost"`` also keeps
+    the batches in force when the global batch moves by no more than the tolerance and the re-split
+    would save less compute time over the next interval than the last measured reconfiguration
+    pause. ``info["requested_batches"]`` holds the action's batches before the split.
 
     ## Observation Space
     ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
@@ -245,6 +249,7 @@ class HeteroClusterEnv(gym.Env):
         self.decisions = 0
         self.wall_time_s = 0.0
         report = self.backend.run_interval(self.batches, self.interval)
+        self._reconfig_s = observed_reconfig_s(None, report)
         self._observe(report)
         self._prev_val_accuracy = float(report.val_accuracy)
         self._reset_done = True
@@ -259,12 +264,14 @@ class HeteroClusterEnv(gym.Env):
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
         requested, clipped = self.apply_action(action)
         new_batches = requested
-        if self.split == "balanced":
+        if self.split in BALANCED_SPLITS:
+            paid = self._reconfig_s if self.split == "balanced_cost" else None
             new_batches = balanced_split(
-                requested, self.batches, self.last_report, self.backend.spec, self.split_tolerance
+                requested, self.batches, self.last_report, self.backend.spec, self.split_tolerance, paid
             )
         self.batches = new_batches
         report = self.backend.run_interval(new_batches, self.interval)
+        self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
         self._observe(report)
         self.decisions += 1
         spec = self.backend.spec

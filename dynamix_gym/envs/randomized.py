@@ -11,7 +11,7 @@ import numpy as np
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
-from sim.faults import FaultWindow, get_scenario, scale_intensity
+from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.validation import check_choice, check_int, check_min_max, check_range
@@ -49,6 +49,12 @@ class DomainRandomization:
     fidelity app's real task finds g_s = 2.0, q = 0.86 (``results/fidelity/schedules_fit.md``),
     where AdaScale's gain after a large batch increase destabilises real training.
 
+    Compound fault worlds (off by default): with probability ``compound_probability`` an episode
+    runs ``k ~ U{compound_families}`` distinct families of ``scenarios`` at once (the first the
+    episode's drawn family, the others drawn without replacement, each scaled by its own intensity
+    draw), merged by :func:`sim.faults.compose_scenarios`: faults of several kinds overlap, as on a
+    shared cluster, where a single family per episode never shows them together.
+
     With ``profile`` (a calibrated cluster profile, see ``python -m experiments.calibrate``) the
     cluster, workload and fitted models are the profile's: ``workers`` must equal its worker count,
     and ``t4_fraction``, ``third_type_probability`` and ``workloads`` are not used. Pretraining on a
@@ -77,6 +83,8 @@ class DomainRandomization:
     lr_limit_probability: float = 0.0
     lr_stable_gain: tuple[float, float] = (1.5, 8.0)
     lr_unstable_exponent: tuple[float, float] = (0.5, 1.5)
+    compound_probability: float = 0.0
+    compound_families: tuple[int, int] = (2, 3)
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -107,6 +115,23 @@ class DomainRandomization:
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
         check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
         check_range("domain.lr_limit_probability", self.lr_limit_probability, 0.0, 1.0)
+        check_range("domain.compound_probability", self.compound_probability, 0.0, 1.0)
+        if len(self.compound_families) != 2:
+            raise ValueError(
+                f"domain.compound_families must be a [low, high] pair, got {self.compound_families!r}"
+            )
+        for i, v in enumerate(self.compound_families):
+            check_int(f"domain.compound_families[{i}]", v, 2, 64)
+        check_min_max(
+            "domain.compound_families[0]",
+            self.compound_families[0],
+            "domain.compound_families[1]",
+            self.compound_families[1],
+        )
+        if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
+            raise ValueError(
+                "domain.compound_probability > 0 needs at least two distinct domain.scenarios to combine"
+            )
         for name, low, high, low_open in (
             ("window_start_s", 0.0, 1e9, False),
             ("window_duration_s", 0.0, 1e9, True),
@@ -194,7 +219,25 @@ class DomainRandomization:
                 out["convergence_params"] = replace(
                     fitted, lr_stable_gain=gain, lr_unstable_exponent=exponent
                 )
+        if self.compound_probability > 0.0:  # drawn last, and only when on: other streams unchanged
+            out["scenario"] = self._compound(rng, family, out["scenario"])
         return out
+
+    def _compound(self, rng: np.random.Generator, family: str, scenario):
+        """``scenario`` (the drawn ``family``'s) or, with ``compound_probability``, a compound of it
+        and ``k - 1`` other distinct families, each at its own intensity draw."""
+        compound = rng.random() < self.compound_probability
+        others = sorted(set(self.scenarios) - {family})
+        k = int(rng.integers(self.compound_families[0], self.compound_families[1] + 1))
+        k = min(k, len(others) + 1)
+        picked = [others[i] for i in rng.choice(len(others), size=k - 1, replace=False)]
+        factors = rng.uniform(*self.intensity, size=len(picked))
+        if not compound:
+            return scenario
+        parts = [scenario] + [
+            scale_intensity(get_scenario(f), float(x)) for f, x in zip(picked, factors, strict=True)
+        ]
+        return compose_scenarios(parts, name="+".join([scenario.name, *(p.name for p in parts[1:])]))
 
     def _generated_compute(self, rng: np.random.Generator, cluster, workload) -> dict[str, ComputeParams]:
         app = get_workload(workload).app

@@ -38,7 +38,7 @@ import grpc
 import numpy as np
 import torch
 
-from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule, step_masks
+from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule, observed_reconfig_s, step_masks
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 from dynamix_gym.reward import RewardConfig, compute_reward
 from dynamix_gym.schema import get_schema, make_encoder, split_centralised
@@ -189,6 +189,7 @@ class Session:
     decisions: int = 0
     ended: bool = False
     rng: np.random.Generator | None = None  # the job's exploration draws
+    reconfig_s: float | None = None  # the job's last measured reconfiguration pause (balanced_cost)
 
 
 @dataclass
@@ -400,7 +401,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch
             )
         actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, session.rng, masks)
-        new, _ = session.actions.apply(actions, current, spec, report)
+        session.reconfig_s = observed_reconfig_s(session.reconfig_s, report)
+        new, _ = session.actions.apply(actions, current, spec, report, session.reconfig_s)
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
         session.next_seq = seq + 1

@@ -27,12 +27,14 @@ def _spec(n: int, lo: int = 8, hi: int = 1024) -> BackendSpec:
     return spec
 
 
-def _report(batches, times, alive=None):
+def _report(batches, times, alive=None, iterations=50, reconfig_s=0.0):
     b = np.asarray(batches, dtype=np.int64)
     return SimpleNamespace(
         local_batch=b,
         compute_time_s=np.asarray(times, dtype=np.float64),
         alive=np.ones(b.size, dtype=bool) if alive is None else np.asarray(alive, dtype=bool),
+        iterations=np.full(b.size, iterations),
+        reconfig_time_s=reconfig_s,
     )
 
 
@@ -65,6 +67,81 @@ def test_ranges_dead_workers_and_the_tolerance():
     # one live worker: the policy's batches as they are
     lone = _report(current, [0.1, 0.0, 0.0], alive=[True, False, False])
     assert balanced_split(np.array([130, 90, 90]), current, lone, spec).tolist() == [130, 90, 90]
+
+
+def test_the_cost_aware_split_re_splits_only_when_it_wins_back_the_pause():
+    """balanced_cost: at a barely moved global batch a re-split must save more compute time over
+    the interval than the last measured reconfiguration pause; a moved global batch always
+    re-splits (its pause is paid anyway); no measured pause yet: as the plain balanced split."""
+    from dynamix_gym.actions import observed_reconfig_s
+
+    spec = _spec(2)
+    current = np.array([100, 100])
+    # 0.010 s vs 0.0125 s for 100 samples: the balanced split is [111, 89], slowest 0.0111 s,
+    # saving 1.4 ms per iteration: 0.07 s over 50 iterations, 1.4 s over 1000
+    report = _report(current, [0.010, 0.0125])
+    same = np.array([100, 100])
+    assert balanced_split(same, current, report, spec).tolist() == [111, 89]
+    assert balanced_split(same, current, report, spec, reconfig_s=None).tolist() == [111, 89]
+    assert balanced_split(same, current, report, spec, reconfig_s=1.0).tolist() == [100, 100]
+    long = _report(current, [0.010, 0.0125], iterations=1000)
+    assert balanced_split(same, current, long, spec, reconfig_s=1.0).tolist() == [111, 89]
+    assert balanced_split(same, current, report, spec, reconfig_s=0.05).tolist() == [111, 89]
+    # the global batch moves by more than the tolerance: re-split, whatever the pause
+    assert balanced_split(np.array([150, 150]), current, report, spec, reconfig_s=1.0).sum() == 300
+    # the same rule through the ActionRule of the arbitrator and the drop-in
+    rule = ActionRule.for_spec("scale", spec, split="balanced_cost")
+    keep = int(np.flatnonzero(rule.steps == 1.0)[0])
+    assert rule.apply(np.array([keep, keep]), current, spec, report, 1.0)[0].tolist() == [100, 100]
+    assert rule.apply(np.array([keep, keep]), current, spec, report, None)[0].tolist() == [111, 89]
+    plain = ActionRule.for_spec("scale", spec, split="balanced")
+    assert plain.apply(np.array([keep, keep]), current, spec, report, 1.0)[0].tolist() == [111, 89]
+    # the pause the split reads: the latest interval that paid one
+    assert observed_reconfig_s(None, _report(current, [0.1, 0.1])) is None
+    assert observed_reconfig_s(None, _report(current, [0.1, 0.1], reconfig_s=0.8)) == 0.8
+    assert observed_reconfig_s(0.8, _report(current, [0.1, 0.1])) == 0.8
+
+
+def test_the_env_under_the_cost_aware_split_keeps_its_batches_on_a_short_interval():
+    """NCF on four A100s, K = 50: an interval is ~0.9 s, a re-split's pause 1 s. After the first
+    decision doubles every batch (a pause, measured), worker 0 throttles to 0.6x: the plain balanced
+    split re-splits at every decision (and, its launch floor making its time fall slower than its
+    batch, keeps shrinking it), the cost-aware one holds, since the saving is ~0.2 s a interval."""
+    from sim.cluster import mixed_cluster
+    from sim.faults import FaultWindow, Scenario
+
+    throttled = Scenario(
+        name="late_throttle",
+        windows=(FaultWindow(kind="throttle", start_s=1.5, duration_s=1e6, worker=0, factor=0.6),),
+    )
+
+    def run(split):
+        env = HeteroClusterEnv(
+            cluster=mixed_cluster({"A100": 4}),
+            workload="ncf",
+            scenario=throttled,
+            action_mode="scale",
+            split=split,
+            initial_batch=4096,
+            max_decisions=6,
+        )
+        env.reset(seed=0)
+        keep = int(np.flatnonzero(env.action_set == 1.0)[0])
+        double = int(np.flatnonzero(env.action_set == 2.0)[0])
+        changes, prev = 0, env.batches.copy()
+        for k in range(6):
+            info = env.step(np.full(4, double if k == 0 else keep))[4]
+            changes += int(np.any(info["local_batches"] != prev))
+            prev = info["local_batches"].copy()
+        assert env._reconfig_s == pytest.approx(env.backend.sim.reconfig_delay_s)
+        env.close()
+        return changes, prev
+
+    cost_changes, cost_last = run("balanced_cost")
+    plain_changes, plain_last = run("balanced")
+    assert cost_changes == 1 and plain_changes == 6
+    assert cost_last.sum() == pytest.approx(plain_last.sum(), rel=0.02)  # the same global batch
+    assert plain_last[0] < 0.25 * cost_last[0]
 
 
 def test_bad_split_settings_are_refused_naming_the_field():

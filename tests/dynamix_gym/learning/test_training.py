@@ -273,6 +273,63 @@ def test_generated_learning_rate_limits_are_drawn_and_slow_the_simulated_progres
         Simulator("t4v100", convergence_params={"lr_stable_gain": 2.0})
 
 
+def test_compound_fault_worlds_overlap_families_and_leave_other_draws_alone():
+    """With compound_probability a world runs several fault families at once (each process from
+    its most active part); off, no draw is made, so the single-family worlds stay as they were."""
+    from dynamix_gym.envs.randomized import DomainRandomization
+    from sim.engine import Simulator
+    from sim.faults import SCENARIOS, compose_scenarios
+
+    both = compose_scenarios(
+        [SCENARIOS["throttle"], SCENARIOS["congestion_windows"], SCENARIOS["interference"]]
+    )
+    assert both.throttle == SCENARIOS["throttle"].throttle
+    assert both.interference == SCENARIOS["interference"].interference
+    assert both.windows == SCENARIOS["congestion_windows"].windows
+    assert both.network.bandwidth_cv == SCENARIOS["congestion_windows"].network.bandwidth_cv
+    assert both.name == "throttle+congestion_windows+interference"
+    assert compose_scenarios([SCENARIOS["jitter"]]) is SCENARIOS["jitter"]
+    with pytest.raises(ValueError, match="at least one"):
+        compose_scenarios([])
+    families = ("static_hetero", "throttle", "jitter", "interference", "loss_rejoin")
+    plain = DomainRandomization(workers=4, scenarios=families, workloads=("cifar10", "ncf"))
+    dom = DomainRandomization(
+        workers=4,
+        scenarios=families,
+        workloads=("cifar10", "ncf"),
+        compound_probability=0.5,
+        compound_families=(2, 3),
+    )
+    compounds = 0
+    for s in range(100):
+        a, b = plain.sample(np.random.default_rng(s)), dom.sample(np.random.default_rng(s))
+        assert (a["cluster"], a["workload"]) == (b["cluster"], b["workload"])
+        assert b["scenario"].worker_speed == a["scenario"].worker_speed
+        parts = b["scenario"].name.split("+")
+        assert parts[0] == a["scenario"].name and 1 <= len(parts) <= 3 and len(set(parts)) == len(parts)
+        compounds += len(parts) > 1
+        if len(parts) == 1:
+            assert b["scenario"] == a["scenario"]
+    assert 30 < compounds < 70
+    # a compound world's processes all act: throttling and interference in one run
+    sc = compose_scenarios([SCENARIOS["throttle"], SCENARIOS["interference"]])
+    sim = Simulator("t4v100", "cifar10", sc)
+    sim.reset(seed=0)
+    kinds = set()
+    for _ in range(60):
+        sim.run_interval(np.full(8, 128), 50)
+        kinds |= {e.kind for e in sim.fault_log}
+    assert {"throttle", "interference"} <= kinds
+    for bad, match in (
+        ({"compound_probability": 1.5}, r"domain\.compound_probability"),
+        ({"compound_families": (1, 2)}, r"domain\.compound_families\[0\]"),
+        ({"compound_families": (3, 2)}, r"domain\.compound_families"),
+        ({"compound_probability": 0.5, "scenarios": ("throttle",)}, "two distinct"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            DomainRandomization(**bad)
+
+
 def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end(tmp_path):
     """MaskablePPO on schema 2 with multiplicative steps over generated worlds (several GPU types
     and workloads), warm-started by the oracle, validated on a benchmark train-split task; the

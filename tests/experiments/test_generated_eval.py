@@ -20,10 +20,10 @@ def _cfg(*overrides: str):
 def test_every_controller_drives_the_same_generated_world_and_is_scored_against_the_reference():
     cfg = _cfg(
         "domain_overrides={workloads: [ncf], compound_probability: 1.0}",
-        "bundles={kept: results/policies/universal, cost: {path: results/policies/universal, split: balanced_cost}}",
+        "bundles={v5: results/policies/universal_v5, cost: {path: results/policies/universal_v5, split: balanced_cost}}",
     )
     df = run(cfg)
-    assert sorted(df["label"].unique()) == ["cost", "kept", "oracle-tta"]
+    assert sorted(df["label"].unique()) == ["cost", "oracle-tta", "v5"]
     worlds = df.groupby("seed")[["workload", "cluster", "scenario"]].nunique()
     assert (worlds == 1).all().all()  # one world per seed, whatever drives it
     assert set(df["workload"]) == {"ncf"} and all("+" in s for s in df["scenario"])  # the overrides act
@@ -34,7 +34,7 @@ def test_every_controller_drives_the_same_generated_world_and_is_scored_against_
     ).all()  # 3 decisions: a missed target counts twice
     assert (df["ratio"] > 0).all()
     table = summary_table(df)
-    assert "| kept |" in table and "| cost |" in table and "ncf" in table
+    assert "| v5 |" in table and "| cost |" in table and "ncf" in table
 
 
 def test_bad_settings_are_refused_naming_the_field():

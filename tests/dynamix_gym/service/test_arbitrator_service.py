@@ -54,7 +54,7 @@ def test_two_jobs_against_the_service_decide_as_the_policy_in_process(running, b
     assert running.service.stats["decisions"] == sum(s["decisions"] for s, _ in results)
 
 
-@pytest.mark.parametrize("split", ["policy", "balanced"])
+@pytest.mark.parametrize("split", ["policy", "balanced", "balanced_cost"])
 def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path, split):
     """The universal bundle (schema 3, masked multiplicative steps) through the service: the same
     decisions as in process, the reply names its steps, and every logged decision carries its mask.

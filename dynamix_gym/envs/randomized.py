@@ -23,6 +23,16 @@ def _profile(ref: str) -> ClusterProfile:
     return load_profile(ref)
 
 
+def _check_pair(name: str, pair, check_one) -> None:
+    """``domain.<name>`` as a [low, high] pair: two entries, each passing ``check_one(field, v)``,
+    low <= high (each error names the field)."""
+    if len(pair) != 2:
+        raise ValueError(f"domain.{name} must be a [low, high] pair, got {pair!r}")
+    for i, v in enumerate(pair):
+        check_one(f"domain.{name}[{i}]", v)
+    check_min_max(f"domain.{name}[0]", pair[0], f"domain.{name}[1]", pair[1])
+
+
 @dataclass(frozen=True)
 class DomainRandomization:
     """What changes from one training episode to the next (the worker count stays fixed per env).
@@ -101,33 +111,13 @@ class DomainRandomization:
             raise ValueError(f"domain.gpu_types lists a type twice: {list(self.gpu_types)}")
         check_range("domain.speed_sd", self.speed_sd, 0.0, 2.0)
         check_range("domain.compute_sd", self.compute_sd, 0.0, 2.0)
-        if len(self.exponent_scale) != 2:
-            raise ValueError(f"domain.exponent_scale must be a [low, high] pair, got {self.exponent_scale!r}")
-        for i, v in enumerate(self.exponent_scale):
-            check_range(f"domain.exponent_scale[{i}]", v, 0.1, 10.0)
-        check_min_max(
-            "domain.exponent_scale[0]",
-            self.exponent_scale[0],
-            "domain.exponent_scale[1]",
-            self.exponent_scale[1],
-        )
+        _check_pair("exponent_scale", self.exponent_scale, lambda f, v: check_range(f, v, 0.1, 10.0))
         check_range("domain.intensity[0]", self.intensity[0], 0.0, 100.0)
         check_min_max("domain.intensity[0]", self.intensity[0], "domain.intensity[1]", self.intensity[1])
         check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
         check_range("domain.lr_limit_probability", self.lr_limit_probability, 0.0, 1.0)
         check_range("domain.compound_probability", self.compound_probability, 0.0, 1.0)
-        if len(self.compound_families) != 2:
-            raise ValueError(
-                f"domain.compound_families must be a [low, high] pair, got {self.compound_families!r}"
-            )
-        for i, v in enumerate(self.compound_families):
-            check_int(f"domain.compound_families[{i}]", v, 2, 64)
-        check_min_max(
-            "domain.compound_families[0]",
-            self.compound_families[0],
-            "domain.compound_families[1]",
-            self.compound_families[1],
-        )
+        _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
                 "domain.compound_probability > 0 needs at least two distinct domain.scenarios to combine"
@@ -139,12 +129,11 @@ class DomainRandomization:
             ("lr_stable_gain", 1.0, 1e4, False),
             ("lr_unstable_exponent", 0.01, 10.0, False),
         ):
-            pair = getattr(self, name)
-            if len(pair) != 2:
-                raise ValueError(f"domain.{name} must be a [low, high] pair, got {pair!r}")
-            for i, v in enumerate(pair):
-                check_range(f"domain.{name}[{i}]", v, low, high, low_open=low_open)
-            check_min_max(f"domain.{name}[0]", pair[0], f"domain.{name}[1]", pair[1])
+            _check_pair(
+                name,
+                getattr(self, name),
+                lambda f, v, lo=low, hi=high, o=low_open: check_range(f, v, lo, hi, low_open=o),
+            )
         if not self.scenarios or not self.workloads:
             raise ValueError("domain.scenarios and domain.workloads must not be empty")
         for name in self.scenarios:

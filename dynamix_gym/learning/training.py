@@ -80,6 +80,13 @@ class TrainConfig:
 ALGORITHMS = ("ppo", "maskable_ppo")
 
 
+#: The PPO settings a fine-tuning run may change on the loaded bundle (conf/ppo/default.yaml's).
+FINETUNE_PPO_KEYS = frozenset(
+    ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "ent_coef",
+     "vf_coef", "max_grad_norm")
+)  # fmt: skip
+
+
 def algorithm_class(name: str):
     """The SB3 class of ``name`` (:data:`ALGORITHMS`)."""
     if name == "ppo":
@@ -547,9 +554,14 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             if base.obs_norm is not None:  # start from the pretrained statistics
                 venv.obs_rms.mean, venv.obs_rms.var = base.obs_norm.mean.copy(), base.obs_norm.var.copy()
                 venv.obs_rms.count = 1e4
-        custom = {
-            k: v for k, v in cfg.ppo.items() if k in ("learning_rate", "ent_coef", "clip_range", "n_epochs")
-        }
+        # Every ppo setting replaces the bundle's (SB3 rebuilds the schedules and the rollout buffer
+        # from them when it loads); one PPO does not take is an error, never silently dropped.
+        unknown = sorted(set(cfg.ppo) - FINETUNE_PPO_KEYS)
+        if unknown:
+            raise ValueError(
+                f"ppo.{unknown[0]} cannot be set when fine-tuning (finetune_from); settable: {sorted(FINETUNE_PPO_KEYS)}"
+            )
+        custom = dict(cfg.ppo)
         model = algo.load(
             base.path / "model.zip",
             env=venv,

@@ -81,12 +81,17 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
 
 def test_finetune_makes_a_new_bundle(tmp_path):
     base = train(tiny(tmp_path / "base"))["final_bundle"]
-    cfg = tiny(
-        tmp_path / "ft", finetune_from=base, total_timesteps=400, ppo={**TINY["ppo"], "learning_rate": 1e-5}
-    )
+    tuned = {**TINY["ppo"], "learning_rate": 1e-5, "gamma": 0.9, "n_steps": 32, "clip_range": 0.05}
+    cfg = tiny(tmp_path / "ft", finetune_from=base, total_timesteps=400, ppo=tuned)
     result = train(cfg)
     assert Path(result["final_bundle"]) != Path(base)
     a, b = load_bundle(base), load_bundle(result["final_bundle"])
+    # every ppo setting of the fine-tuning run replaces the bundle's, none is silently kept
+    assert (a.model.gamma, a.model.n_steps) == (0.99, 64)
+    assert (b.model.gamma, b.model.n_steps, b.model.clip_range(1.0)) == (0.9, 32, 0.05)
+    assert b.model.rollout_buffer.buffer_size == 32
+    with pytest.raises(ValueError, match=r"ppo\.use_sde cannot be set when fine-tuning"):
+        train(tiny(tmp_path / "bad", finetune_from=base, ppo={**TINY["ppo"], "use_sde": True}))
     diff = sum(
         float(np.abs(pa.detach().numpy() - pb.detach().numpy()).sum())
         for pa, pb in zip(a.model.policy.parameters(), b.model.policy.parameters(), strict=True)

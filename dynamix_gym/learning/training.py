@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
 
 from dynamix_gym.controllers.bundle import (
@@ -58,6 +59,10 @@ class TrainConfig:
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     normalize_obs: bool = True
     normalize_reward: bool = True
+    # Keep the observation statistics a policy was pretrained with (a warm start's expert data, a
+    # fine-tuned bundle's) fixed during PPO: running updates move the inputs the pretrained policy
+    # reads, e.g. its rare regime flags, and can undo it before PPO has learned anything.
+    freeze_obs_norm: bool = False
     torch_threads: int = 1
     checkpoint_every: int = 50_000  # timesteps
     eval_every: int = 50_000  # timesteps
@@ -98,9 +103,31 @@ def algorithm_class(name: str):
     raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {name!r}")
 
 
+class FrozenRunningMeanStd(RunningMeanStd):
+    """Observation statistics that no longer move (``freeze_obs_norm``); pickles with the
+    VecNormalize of a checkpoint, so a resumed run stays frozen."""
+
+    def update(self, arr: np.ndarray) -> None:
+        return None
+
+
+def freeze_obs_stats(venv: VecEnv) -> None:
+    """Replace ``venv``'s observation statistics (a VecNormalize's) by a frozen copy."""
+    if isinstance(venv, VecNormalize) and venv.norm_obs:
+        frozen = FrozenRunningMeanStd(shape=venv.obs_rms.mean.shape)
+        frozen.mean, frozen.var = venv.obs_rms.mean.copy(), venv.obs_rms.var.copy()
+        frozen.count = venv.obs_rms.count
+        venv.obs_rms = frozen
+
+
 def check_train_config(cfg: TrainConfig) -> None:
     """Refuse combinations that cannot train, naming the field."""
     algorithm_class(cfg.algorithm)
+    if cfg.freeze_obs_norm and not (cfg.normalize_obs and (cfg.finetune_from or cfg.expert_pretrain)):
+        raise ValueError(
+            "freeze_obs_norm=true keeps pretrained observation statistics: it needs normalize_obs=true and "
+            "finetune_from or expert_pretrain (a fresh policy has none to keep)"
+        )
     if cfg.action_mode not in ("delta", "scale"):
         raise ValueError(
             f"action_mode must be 'delta' or 'scale' (the discrete modes), got {cfg.action_mode!r}"
@@ -554,6 +581,12 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             if base.obs_norm is not None:  # start from the pretrained statistics
                 venv.obs_rms.mean, venv.obs_rms.var = base.obs_norm.mean.copy(), base.obs_norm.var.copy()
                 venv.obs_rms.count = 1e4
+                if cfg.freeze_obs_norm:
+                    freeze_obs_stats(venv)
+            elif cfg.freeze_obs_norm:
+                raise ValueError(
+                    f"freeze_obs_norm=true but finetune_from {cfg.finetune_from} has no observation statistics to keep"
+                )
         # Every ppo setting replaces the bundle's (SB3 rebuilds the schedules and the rollout buffer
         # from them when it loads); one PPO does not take is an error, never silently dropped.
         unknown = sorted(set(cfg.ppo) - FINETUNE_PPO_KEYS)
@@ -591,6 +624,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         reset_timesteps = True
         if cfg.expert_pretrain:
             warm_start_stats, expert_data = _warm_start(cfg, model, venv)
+            if cfg.freeze_obs_norm:
+                freeze_obs_stats(venv)
     opts = dict(cfg.expert_pretrain or {})
     keep_cloning = float(opts.get("bc_coef", 0.0)) > 0
     data_file = run_dir / "expert_data.npz"  # the cloning term's data, for a resumed run

@@ -42,7 +42,7 @@ def test_bad_settings_are_refused_naming_the_field():
         run(_cfg("domain_overrides={gpus: 3}"))
     with pytest.raises(ValueError, match=r"bundles\.x: a mapping needs a path"):
         run(_cfg("bundles={x: {split: balanced}}"))
-    with pytest.raises(ValueError, match="domain_from: .*does not exist"):
+    with pytest.raises(ValueError, match=r"domain_from: .*does not exist"):
         run(_cfg("domain_from=/nonexistent"))
     with pytest.raises(ValueError, match=r"domain\.compound_probability"):
         run(_cfg("domain_overrides={compound_probability: 2.0}"))

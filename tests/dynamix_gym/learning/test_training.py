@@ -99,6 +99,28 @@ def test_finetune_makes_a_new_bundle(tmp_path):
     assert diff > 0
 
 
+def test_freeze_obs_norm_keeps_the_pretrained_statistics_through_ppo(tmp_path):
+    """Fine-tuning with freeze_obs_norm: the bundle's observation statistics come out unchanged
+    (without it PPO's rollouts move them); a run with nothing pretrained to keep is refused."""
+    from dynamix_gym.learning.training import check_train_config
+
+    base = train(tiny(tmp_path / "base"))["final_bundle"]
+    before = load_bundle(base).obs_norm
+    kept = load_bundle(
+        train(tiny(tmp_path / "kept", finetune_from=base, total_timesteps=400, freeze_obs_norm=True))[
+            "final_bundle"
+        ]
+    )
+    moved = load_bundle(
+        train(tiny(tmp_path / "moved", finetune_from=base, total_timesteps=400))["final_bundle"]
+    )
+    np.testing.assert_array_equal(kept.obs_norm.mean, before.mean)
+    np.testing.assert_array_equal(kept.obs_norm.var, before.var)
+    assert not np.array_equal(moved.obs_norm.mean, before.mean)
+    with pytest.raises(ValueError, match="freeze_obs_norm=true keeps pretrained observation statistics"):
+        check_train_config(tiny(tmp_path / "fresh", freeze_obs_norm=True))
+
+
 def test_schema_and_action_set_mismatches_are_refused(tmp_path):
     bundle_dir = Path(train(tiny(tmp_path, total_timesteps=200, checkpoint_every=10**9))["final_bundle"])
     meta = json.loads((bundle_dir / "bundle.json").read_text())

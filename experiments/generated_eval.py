@@ -77,6 +77,8 @@ def _controllers(cfg: DictConfig) -> dict[str, Any]:
     out[str(ref.pop("label", ref.get("name")))] = ref
     bundles = plain(cfg.bundles) if cfg.bundles is not None else DEFAULT_BUNDLES
     for label, spec in bundles.items():
+        if str(label) in out:
+            raise ValueError(f"bundles.{label}: the reference's label; name the bundle otherwise")
         if isinstance(spec, dict):  # {path: <dir>, <PPOController argument>: ...}, e.g. split
             spec = dict(spec)
             if "path" not in spec:

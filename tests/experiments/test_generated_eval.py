@@ -40,6 +40,8 @@ def test_every_controller_drives_the_same_generated_world_and_is_scored_against_
 def test_bad_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"domain_overrides: unknown DomainRandomization fields \['gpus'\]"):
         run(_cfg("domain_overrides={gpus: 3}"))
+    with pytest.raises(ValueError, match=r"bundles\.oracle-tta: the reference's label"):
+        run(_cfg("bundles={oracle-tta: results/policies/universal}"))
     with pytest.raises(ValueError, match=r"bundles\.x: a mapping needs a path"):
         run(_cfg("bundles={x: {split: balanced}}"))
     with pytest.raises(ValueError, match=r"domain_from: .*does not exist"):

@@ -164,6 +164,26 @@ def balanced_split(
     return target
 
 
+def split_batches(
+    split: str,
+    requested: np.ndarray,
+    current: np.ndarray,
+    report: IntervalReport | None,
+    spec: BackendSpec,
+    tolerance: float = DEFAULT_SPLIT_TOLERANCE,
+    reconfig_s: float | None = None,
+) -> np.ndarray:
+    """The batches ``split`` makes of ``requested`` (:data:`SPLIT_MODES`): as asked (``policy``),
+    or :func:`balanced_split` over ``report``, with the last measured pause ``reconfig_s`` for
+    ``balanced_cost`` only. The env, the arbitrator and the drop-in share this one rule."""
+    if split not in BALANCED_SPLITS:
+        return requested
+    if report is None:
+        raise ValueError("a balanced split needs the last interval's report")
+    paid = reconfig_s if split == "balanced_cost" else None
+    return balanced_split(requested, current, report, spec, tolerance, paid)
+
+
 @dataclass(frozen=True)
 class ActionRule:
     """An action mode with its steps and space over a spec's workers: what a controller outside an
@@ -205,11 +225,7 @@ class ActionRule:
         measurements, required then); ``reconfig_s`` (the last measured reconfiguration pause, see
         :func:`observed_reconfig_s`) is used by ``balanced_cost`` only."""
         new, clipped = apply_action(action, self.mode, self.steps, self.space, batches, spec)
-        if self.split in BALANCED_SPLITS:
-            if report is None:
-                raise ValueError("a balanced split needs the last interval's report")
-            paid = reconfig_s if self.split == "balanced_cost" else None
-            new = balanced_split(new, batches, report, spec, self.split_tolerance, paid)
+        new = split_batches(self.split, new, batches, report, spec, self.split_tolerance, reconfig_s)
         return new, clipped
 
 

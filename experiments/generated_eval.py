@@ -180,18 +180,15 @@ def main(cfg: DictConfig) -> float:
     cmd = "python -m experiments.generated_eval " + " ".join(
         hydra.core.hydra_config.HydraConfig.get().overrides.task
     )
+    reference = str(df["label"].iloc[0])  # run() drives the reference first
     text = (
         f"# Generated worlds: {cfg.label}\n\n`{cmd}`\n\nDomain: `{cfg.domain_from}` with overrides "
         f"{json.dumps(plain(cfg.domain_overrides or {}))}; workers {list(cfg.workers)}; seeds {list(cfg.seeds)}; "
-        f"reference {next(iter(_controllers(cfg)))}.\n\n{table}\n"
+        f"reference {reference}.\n\n{table}\n"
     )
     atomic_write_text(out / "summary.md", text)
     print(table)
-    gms = (
-        df[df["label"] != df["label"].iloc[0]]
-        .groupby("label")["ratio"]
-        .apply(lambda x: math.exp(np.log(x).mean()))
-    )
+    gms = df[df["label"] != reference].groupby("label")["ratio"].apply(lambda x: math.exp(np.log(x).mean()))
     return float(gms.min()) if len(gms) else 1.0
 
 

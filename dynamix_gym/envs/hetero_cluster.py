@@ -12,7 +12,6 @@ from gymnasium import spaces
 
 from dynamix_gym.actions import (  # the action names are re-exported for the envs built on this one
     ACTION_MODES,
-    BALANCED_SPLITS,
     CONTINUOUS_SCALE,
     DEFAULT_ACTION_SET,
     DEFAULT_SCALE_SET,
@@ -20,11 +19,11 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     SPLIT_MODES,
     action_space,
     apply_action,
-    balanced_split,
     check_action_set,
     check_in_range,
     check_split,
     observed_reconfig_s,
+    split_batches,
     step_masks,
 )
 from dynamix_gym.reward import RewardConfig, compute_reward
@@ -263,12 +262,15 @@ class HeteroClusterEnv(gym.Env):
         if self._episode_over:
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
         requested, clipped = self.apply_action(action)
-        new_batches = requested
-        if self.split in BALANCED_SPLITS:
-            paid = self._reconfig_s if self.split == "balanced_cost" else None
-            new_batches = balanced_split(
-                requested, self.batches, self.last_report, self.backend.spec, self.split_tolerance, paid
-            )
+        new_batches = split_batches(
+            self.split,
+            requested,
+            self.batches,
+            self.last_report,
+            self.backend.spec,
+            self.split_tolerance,
+            self._reconfig_s,
+        )
         self.batches = new_batches
         report = self.backend.run_interval(new_batches, self.interval)
         self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)

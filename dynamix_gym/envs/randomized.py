@@ -215,6 +215,8 @@ class DomainRandomization:
     def _compound(self, rng: np.random.Generator, family: str, scenario):
         """``scenario`` (the drawn ``family``'s) or, with ``compound_probability``, a compound of it
         and ``k - 1`` other distinct families, each at its own intensity draw."""
+        # every draw is made whether or not the world is compound, so that the streams of the
+        # episodes after it do not depend on this one's outcome
         compound = rng.random() < self.compound_probability
         others = sorted(set(self.scenarios) - {family})
         k = int(rng.integers(self.compound_families[0], self.compound_families[1] + 1))

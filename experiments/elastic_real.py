@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
+import time
 from pathlib import Path
 
 import hydra
@@ -32,6 +34,9 @@ def run(cfg: DictConfig) -> float:
     raw = OmegaConf.to_container(cfg, resolve=True)
     schedule = [int(n) for n in raw["schedule"]]
     kw = {"global_batch": int(raw["global_batch"]), "iterations": int(raw["iterations"])}
+    # Restarts are mostly process start-up (spawn, import torch, rendezvous), which a loaded host
+    # stretches several-fold: the load is part of the measurement.
+    load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
 
         def config(name: str) -> RealDDPConfig:
@@ -55,6 +60,12 @@ def run(cfg: DictConfig) -> float:
         "restart_s": restarts,
         "median_restart_s": float(np.median(restarts)) if restarts else 0.0,
         "backend": raw["backend"],
+        "host": {
+            "cpu_count": os.cpu_count(),
+            "load_average_start": load_start,
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
     }
     out = Path(to_absolute_path(raw["out"]))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,19 @@ GPUs, one at a time: release one GPU of the offer whose marginal goodput per dol
 ``shrink * threshold``, else request one of the offer whose marginal goodput per dollar beats
 ``threshold`` ((progress/s) per ($/h)), until neither holds (at most 2 per offer).
 
-``spot_backfill`` (a hand-written heuristic; the learners' behaviour-cloning expert): hold
-``gpus`` GPUs of type ``gpu`` on the spot market, replace a preempted (or unavailable) spot GPU by
-an on-demand one of the same type, hand the on-demand GPUs back once spot capacity returns, and
-release every GPU of the other types.
+``spot_backfill`` (a hand-written heuristic): hold ``gpus`` GPUs of type ``gpu``, ``on_demand`` of
+them on demand and the rest on the spot market, replace a preempted (or unavailable) spot GPU by an
+on-demand one of the same type, and release every GPU of the other types. Two choices set what a
+preemption costs, each change of the held set being one restart:
+
+* ``swap_on_notice``: release a spot GPU as soon as its preemption notice shows and request its
+  on-demand replacement in the same change (one restart), instead of waiting for the loss (a forced
+  restart) and replacing it afterwards (a second one);
+* ``hand_back``: give the on-demand replacements back once spot capacity returns (one more restart
+  each time, for the price difference), or keep them to the end.
+
+Defaults (``on_demand=0``, ``swap_on_notice=False``, ``hand_back=True``) are the plain spot-first
+backfill.
 
 ``oracle_pool``: the greedy oracle extended with the pool. From the simulator's ground truth
 (``info["elastic_truth"]``) it scores holding the current set and every single-offer change of
@@ -314,9 +323,21 @@ class SpotBackfill(ElasticController):
 
     name = "spot_backfill"
 
-    def __init__(self, gpu: str = "T4", gpus: int = 4) -> None:
+    def __init__(
+        self,
+        gpu: str = "T4",
+        gpus: int = 4,
+        on_demand: int = 0,
+        swap_on_notice: bool = False,
+        hand_back: bool = True,
+    ) -> None:
         self.gpu = str(gpu)
         self.gpus = check_int("spot_backfill.gpus", gpus, 1, 4096)
+        self.on_demand = check_int("spot_backfill.on_demand", on_demand, 0, self.gpus)
+        for name, value in (("swap_on_notice", swap_on_notice), ("hand_back", hand_back)):
+            if not isinstance(value, bool):
+                raise ValueError(f"spot_backfill.{name} must be true or false, got {value!r}")
+        self.swap_on_notice, self.hand_back = swap_on_notice, hand_back
 
     def reset(self, spec: ElasticSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
@@ -325,16 +346,23 @@ class SpotBackfill(ElasticController):
                 raise ValueError(f"spot_backfill.gpu={self.gpu!r}: the pool has no {self.gpu}/{market} offer")
         self.k_spot = spec.offers.index(f"{self.gpu}/spot")
         self.k_od = spec.offers.index(f"{self.gpu}/on_demand")
+        self.replaced = 0  # on-demand GPUs requested to replace spot ones (kept when not handing back)
 
     def deltas(self, info: dict[str, Any]) -> np.ndarray:
         spec = self.spec
+        ks, ko = self.k_spot, self.k_od
         held, free = _counts(info, spec, "held_counts"), _counts(info, spec, "free_counts")
+        # Spot GPUs under a notice are as good as gone (the pool releases those first).
+        noticed = _counts(info, spec, "noticed_counts")[ks] if self.swap_on_notice else 0
+        floor = self.on_demand if self.hand_back else min(self.gpus, self.on_demand + self.replaced)
         target = np.zeros(len(spec.offers), dtype=np.int64)
-        target[self.k_spot] = min(self.gpus, held[self.k_spot] + free[self.k_spot])
-        target[self.k_od] = min(self.gpus - target[self.k_spot], held[self.k_od] + free[self.k_od])
+        target[ks] = min(self.gpus - floor, held[ks] - noticed + free[ks])
+        target[ko] = min(self.gpus - target[ks], held[ko] + free[ko])
         d = np.clip(target - held, -2, 2)
-        if d[self.k_spot] > 0 and d[self.k_od] < 0:
-            d[self.k_od] = max(d[self.k_od], -d[self.k_spot])  # hand back only what spot replaced
+        if d[ks] > 0 and d[ko] < 0:
+            d[ko] = max(d[ko], -d[ks])  # hand back only what spot replaced
+        if d[ko] > 0:
+            self.replaced += int(d[ko])
         return d
 
 

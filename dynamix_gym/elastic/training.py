@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from stable_baselines3 import PPO, SAC, TD3
+from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
 
 from dynamix_gym.controllers.bundle import BundleMeta, BundleMismatchError, ObsNorm, save_bundle
@@ -56,10 +57,20 @@ class ElasticTrainConfig:
     # Behaviour-cloning warm start from a baseline (None: off), e.g.
     # {expert: fixed, params: {counts: {T4/spot: 4}}, episodes: 24, epochs: 40}
     expert_pretrain: dict[str, Any] | None = None
+    # Gaussian exploration noise on the box action (SB3's NormalActionNoise, std in action units) for
+    # the off-policy learners; TD3's own default is none, i.e. no exploration beyond the warm start.
+    action_noise_sigma: float | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo={self.algo!r} is not one of {list(ALGOS)}")
+        if self.action_noise_sigma is not None:
+            if self.algo == "ppo":
+                raise ValueError(
+                    "action_noise_sigma is for the off-policy learners (sac, td3); ppo samples its policy"
+                )
+            if not 0.0 < float(self.action_noise_sigma) <= 1.0:
+                raise ValueError(f"action_noise_sigma must lie in (0, 1], got {self.action_noise_sigma!r}")
         if min(self.eval_seeds, default=100) < 100 or self.seed < 100:
             raise ValueError("seed and eval_seeds must be >= 100 (seeds 0-4 are held out for the report)")
 
@@ -187,7 +198,13 @@ def behaviour_clone(model: Any, venv: Any, cfg: ElasticTrainConfig) -> dict[str,
                 _, logp, _ = policy.evaluate_actions(obs_t[idx], act_t[idx])
                 loss = -logp.mean()
             else:
-                loss = torch.nn.functional.mse_loss(policy.actor(obs_t[idx], deterministic=True), act_t[idx])
+                # SAC's actor samples unless told not to; TD3's is deterministic and takes no flag.
+                out = (
+                    policy.actor(obs_t[idx], deterministic=True)
+                    if cfg.algo == "sac"
+                    else policy.actor(obs_t[idx])
+                )
+                loss = torch.nn.functional.mse_loss(out, act_t[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -208,12 +225,17 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
     if cfg.normalize_obs:
         venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.algo_kwargs.get("gamma", 0.99))
     cls = ALGOS[cfg.algo]
+    extra: dict[str, Any] = {}
+    if cfg.action_noise_sigma is not None:
+        dim = int(np.prod(venv.action_space.shape))
+        extra["action_noise"] = NormalActionNoise(np.zeros(dim), np.full(dim, float(cfg.action_noise_sigma)))
     model = cls(
         "MlpPolicy",
         venv,
         seed=cfg.seed,
         device="cpu",
         policy_kwargs=dict(cfg.policy_kwargs) or None,
+        **extra,
         **cfg.algo_kwargs,
     )
     probe_env = ElasticClusterEnv(**kwargs)

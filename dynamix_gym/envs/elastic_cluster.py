@@ -386,6 +386,7 @@ class ElasticClusterEnv(gym.Env):
             available=self.job.available & ~self.job.held,
             held_counts=dict(zip(self.offers, self.job.held_counts().tolist(), strict=True)),
             free_counts=dict(zip(self.offers, self.job.free_counts().tolist(), strict=True)),
+            noticed_counts=dict(zip(self.offers, self.job.noticed_counts().tolist(), strict=True)),
             lr_multiplier=self.job.lr_multiplier,
             restarts=self.job.restarts,
             changed=changed,

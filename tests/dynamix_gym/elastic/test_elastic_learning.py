@@ -1,7 +1,9 @@
-"""Elastic baselines and learners: what each baseline holds, bad input, and a tiny PPO / SAC run
+"""Elastic baselines and learners: what each baseline holds, bad input, and a tiny PPO / SAC / TD3 run
 through the training entry point to a bundle that loads and drives the env."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -58,6 +60,32 @@ def test_the_backfill_replaces_a_preempted_spot_gpu_on_demand():
     assert all(h["held_T4/spot"] + h["held_T4/on_demand"] <= 4 for h in r["history"])
 
 
+def test_the_backfill_swaps_a_noticed_spot_gpu_in_one_change_and_keeps_its_replacement():
+    """swap_on_notice: the noticed spot GPU is released and its on-demand replacement requested in
+    the same change, before the loss; hand_back=False: the replacement stays when capacity returns."""
+    env = ElasticClusterEnv(pool=_volatile_pool(), initial_allocation={"T4/spot": 4}, **ENV)
+    ctl = make_elastic_controller("spot_backfill", swap_on_notice=True, hand_back=False)
+    r = run_elastic_episode(env, ctl, seed=100)
+    assert r["reached_target"]
+    log = env.job.log
+    noticed = {e.slot for e in log if e.kind == "notice"}
+    swaps = [
+        e
+        for e in log
+        if e.kind == "release" and e.offer == "T4/spot" and e.slot in noticed
+        and any(q.kind == "request" and q.offer == "T4/on_demand" and q.time_s == e.time_s for q in log)
+    ]  # fmt: skip
+    assert swaps
+    od = [h["held_T4/on_demand"] for h in r["history"]]
+    assert max(od) >= 1 and all(b >= a for a, b in itertools.pairwise(od))  # never handed back
+    assert all(h["held_T4/spot"] + h["held_T4/on_demand"] <= 4 for h in r["history"])
+    plain = make_elastic_controller("spot_backfill")  # waits for the loss, hands back
+    r0 = run_elastic_episode(
+        ElasticClusterEnv(pool=_volatile_pool(), initial_allocation={"T4/spot": 4}, **ENV), plain, seed=100
+    )
+    assert r0["preemptions"] >= 1
+
+
 def test_baseline_bad_input_names_the_field():
     env = ElasticClusterEnv(**ENV)
     spec = ElasticSpec.from_env(env)
@@ -71,6 +99,10 @@ def test_baseline_bad_input_names_the_field():
         make_elastic_controller("goodput_per_dollar", threshold=-1.0)
     with pytest.raises(ValueError, match="not one of"):
         make_elastic_controller("magic")
+    with pytest.raises(ValueError, match=r"spot_backfill\.on_demand"):
+        make_elastic_controller("spot_backfill", gpus=4, on_demand=5)
+    with pytest.raises(ValueError, match=r"spot_backfill\.swap_on_notice must be true or false"):
+        make_elastic_controller("spot_backfill", swap_on_notice="yes")
     env.reset(seed=0)
     with pytest.raises(RuntimeError, match="elastic_truth"):
         oracle = make_elastic_controller("oracle_pool")
@@ -83,11 +115,19 @@ def test_seeds_below_100_are_refused_for_training():
         ElasticTrainConfig(run_dir="x", eval_seeds=(0,))
 
 
+def test_exploration_noise_is_refused_for_ppo_and_outside_its_range():
+    with pytest.raises(ValueError, match="off-policy"):
+        ElasticTrainConfig(run_dir="x", algo="ppo", action_noise_sigma=0.1)
+    with pytest.raises(ValueError, match=r"action_noise_sigma must lie in \(0, 1\]"):
+        ElasticTrainConfig(run_dir="x", algo="td3", action_noise_sigma=0.0)
+
+
 @pytest.mark.parametrize(
     ("algo", "kwargs"),
     [
         ("ppo", {"n_steps": 64, "batch_size": 64, "n_epochs": 1}),
         ("sac", {"learning_starts": 32, "batch_size": 32}),
+        ("td3", {"learning_starts": 32, "batch_size": 32}),
     ],
 )
 def test_a_tiny_run_writes_a_bundle_that_loads_and_refuses_other_spaces(tmp_path, algo, kwargs):
@@ -102,6 +142,7 @@ def test_a_tiny_run_writes_a_bundle_that_loads_and_refuses_other_spaces(tmp_path
         algo_kwargs=kwargs,
         policy_kwargs={"net_arch": [16]},
         expert_pretrain={"expert": "fixed", "params": {"counts": {"T4/spot": 4}}, "episodes": 1, "epochs": 2},
+        action_noise_sigma=None if algo == "ppo" else 0.1,
     )
     result = train_elastic(cfg)
     assert result["warm_start"]["samples"] > 0 and len(result["history"]) == 2
@@ -112,7 +153,7 @@ def test_a_tiny_run_writes_a_bundle_that_loads_and_refuses_other_spaces(tmp_path
     r = run_elastic_episode(env, policy, seed=100)
     assert r["decisions"] >= 1
     other = ElasticClusterEnv(
-        **{**ENV, "max_decisions": 12}, action_form="multidiscrete" if algo == "sac" else "box"
+        **{**ENV, "max_decisions": 12}, action_form="box" if algo == "ppo" else "multidiscrete"
     )
     with pytest.raises(BundleMismatchError, match="action space"):
         load_elastic_bundle(tmp_path / "best", other)

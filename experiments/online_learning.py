@@ -151,6 +151,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
                             "status",
                             "validation_tta_s",
                             "parent_validation_tta_s",
+                            "validation_ratio_to_parent",
                             "transitions",
                         )
                     },

@@ -14,7 +14,9 @@ Every ``update_every`` new transitions, :meth:`OnlineLearner.step`:
 2. validates the candidate on simulated held-out tasks (the benchmark's *train* split, seeds
    >= 100; never its test split): mean time to accuracy, twice the time used when the target is
    missed (as pretraining's validation);
-3. promotes it only if that beats the parent's validation score by ``min_gain``: the candidate is
+3. promotes it only if that beats the parent's validation score by ``min_gain`` (``validation_score``:
+   the mean time to accuracy in seconds, or the geometric mean over tasks of the candidate's time
+   over the parent's, which weighs a 40 s NCF task as much as a 1,400 s BERT one): the candidate is
    saved as a bundle ``<versions_dir>/vNNN`` whose metadata carries its lineage (parent, data,
    learning rate, scores) and the service swaps to it; otherwise it is rejected and logged.
 
@@ -47,6 +49,9 @@ from sim.datafiles import atomic_write_text
 
 log = logging.getLogger(__name__)
 
+#: How a candidate's validation is compared with its parent's (``LearnerConfig.validation_score``).
+VALIDATION_SCORES = ("mean", "geomean")
+
 
 @dataclass
 class LearnerConfig:
@@ -62,6 +67,7 @@ class LearnerConfig:
     min_gain: float = 0.005  # validation TTA must fall by this fraction for a promotion
     rollback_window: int = 3  # measured jobs of a promoted version before it is judged
     rollback_tolerance: float = 0.05  # mean TTA ratio to the parent above 1 + this: roll back
+    validation_score: str = "mean"  # "mean": mean TTA (s); "geomean": geomean of per-task ratios to the parent
 
     def __post_init__(self) -> None:
         if not 0.0 < self.learning_rate <= 1e-2:
@@ -73,6 +79,10 @@ class LearnerConfig:
             raise ValueError("learner.window must be >= learner.update_every")
         if not 0.0 <= self.min_gain < 1.0 or self.rollback_tolerance < 0.0:
             raise ValueError("learner.min_gain must lie in [0, 1) and rollback_tolerance be >= 0")
+        if self.validation_score not in VALIDATION_SCORES:
+            raise ValueError(
+                f"learner.validation_score must be one of {list(VALIDATION_SCORES)}, got {self.validation_score!r}"
+            )
 
 
 @dataclass
@@ -124,6 +134,7 @@ class OnlineLearner:
         self._bundles: dict[int, PolicyBundle] = {}
         self._measured: dict[tuple[int, str], list[float]] = defaultdict(list)
         self._scores: dict[int, float] = {}
+        self._task_scores: dict[int, dict[str, float]] = {}
         self.lineage: list[dict[str, Any]] = []
         self._load_lineage()
 
@@ -145,6 +156,7 @@ class OnlineLearner:
                 self.store.swap(self.name, bundle, latest["version"])
                 if latest.get("validation_tta_s") is not None:
                     self._scores[latest["version"]] = latest["validation_tta_s"]
+                    self._task_scores[latest["version"]] = dict(latest.get("validation_by_task") or {})
         else:
             self.lineage = [
                 {
@@ -284,10 +296,16 @@ class OnlineLearner:
     # --- updates -----------------------------------------------------------------------------------------
     def score(self, version: int) -> float:
         """Mean validation TTA of ``version`` (cached)."""
-        if version not in self._scores:
-            scores = self.validate(self._bundles[version])
-            self._scores[version] = float(np.mean(list(scores.values())))
+        self.task_scores(version)
         return self._scores[version]
+
+    def task_scores(self, version: int) -> dict[str, float]:
+        """Validation TTA of ``version`` per task (cached)."""
+        if not self._task_scores.get(version):
+            scores = self.validate(self._bundles[version])
+            self._task_scores[version] = dict(scores)
+            self._scores[version] = float(np.mean(list(scores.values())))
+        return self._task_scores[version]
 
     def ready(self) -> bool:
         return self._new >= self.config.update_every
@@ -307,11 +325,17 @@ class OnlineLearner:
             self._new = 0
         parent = self.store.get(self.name)
         parent_score = float("nan") if skip_validation else self.score(parent.version)
+        parent_tasks = {} if skip_validation else self.task_scores(parent.version)
         model, stats = self.update(parent.bundle, data)
         version = max(e["version"] for e in self.lineage) + 1
         candidate = PolicyBundle(parent.bundle.path, parent.bundle.meta, model, parent.bundle.obs_norm)
         scores = {} if skip_validation else self.validate(candidate)
         cand_score = float(np.mean(list(scores.values()))) if scores else float("nan")
+        ratio = (
+            float(np.exp(np.mean([np.log(scores[t] / parent_tasks[t]) for t in scores])))
+            if scores and set(scores) == set(parent_tasks)
+            else float("nan")
+        )
         entry = {
             "version": version,
             "parent": parent.version,
@@ -322,9 +346,14 @@ class OnlineLearner:
             "validation_tta_s": None if skip_validation else cand_score,
             "validation_by_task": scores,
             "parent_validation_tta_s": None if skip_validation else parent_score,
+            "validation_ratio_to_parent": None if skip_validation else ratio,
             "t": time.time(),
         }
-        if skip_validation or cand_score < parent_score * (1.0 - self.config.min_gain):
+        if self.config.validation_score == "geomean":
+            passed = ratio < 1.0 - self.config.min_gain
+        else:
+            passed = cand_score < parent_score * (1.0 - self.config.min_gain)
+        if skip_validation or passed:
             path = self.versions_dir / f"v{version:03d}"
             meta = replace(
                 parent.bundle.meta,
@@ -335,6 +364,7 @@ class OnlineLearner:
             self._bundles[version] = bundle
             if not skip_validation:
                 self._scores[version] = cand_score
+                self._task_scores[version] = dict(scores)
             entry.update(status="promoted", path=str(path), validated=not skip_validation)
             self.lineage.append(entry)
             self._write_lineage()

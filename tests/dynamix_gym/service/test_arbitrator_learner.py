@@ -73,6 +73,35 @@ def test_learner_builds_transitions_from_served_jobs_and_validation_gates_promot
     assert running.service.store.get().version == 1
 
 
+@pytest.mark.parametrize(("score", "promoted"), [("mean", True), ("geomean", False)])
+def test_the_geomean_gate_weighs_every_validation_task_alike(bundle, tmp_path, score, promoted):
+    """A candidate 2% faster on a long task and 20% slower on a short one: the mean in seconds
+    promotes it, the geometric mean of per-task ratios does not."""
+    scores = iter([{"bert": 1000.0, "ncf": 40.0}, {"bert": 980.0, "ncf": 48.0}])  # parent, candidate
+    running = Running(bundle, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+    learner = OnlineLearner(
+        running.service.store,
+        "default",
+        tmp_path / "versions",
+        validate=lambda b: next(scores),
+        config=LearnerConfig(
+            learning_rate=1e-5, update_every=64, window=4096, n_epochs=1, batch_size=64, validation_score=score
+        ),
+        rng=np.random.default_rng(0),
+        log=running.service.log,
+    )
+    running.service.learner = learner
+    try:
+        _serve_job(running, "j0", 100)
+        entry = learner.step()
+    finally:
+        running.stop()
+    assert entry["validation_ratio_to_parent"] == pytest.approx(np.sqrt(0.98 * 1.2))
+    assert (entry["status"] == "promoted") is promoted
+    with pytest.raises(ValueError, match=r"learner\.validation_score must be one of"):
+        LearnerConfig(validation_score="median")
+
+
 @pytest.mark.timeout(240)
 def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accuracy(bundle, tmp_path):
     running = Running(bundle, tmp_path / "t.jsonl")

@@ -85,7 +85,12 @@ def test_the_geomean_gate_weighs_every_validation_task_alike(bundle, tmp_path, s
         tmp_path / "versions",
         validate=lambda b: next(scores),
         config=LearnerConfig(
-            learning_rate=1e-5, update_every=64, window=4096, n_epochs=1, batch_size=64, validation_score=score
+            learning_rate=1e-5,
+            update_every=64,
+            window=4096,
+            n_epochs=1,
+            batch_size=64,
+            validation_score=score,
         ),
         rng=np.random.default_rng(0),
         log=running.service.log,

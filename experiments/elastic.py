@@ -48,20 +48,24 @@ COLUMNS = (
 )
 
 
-def _controller(spec: dict[str, Any], env_kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """(controller, env kwargs) of one entry of ``controllers``."""
+def _controller(
+    spec: dict[str, Any], env_kwargs: dict[str, Any], lr_multiplier: float = 1.0
+) -> tuple[Any, dict[str, Any]]:
+    """(controller, env kwargs) of one entry of ``controllers``; a baseline runs at the entry's
+    ``lr_multiplier`` or else ``lr_multiplier`` (a learned policy picks its own)."""
     kind = spec["kind"]
     kw = {**env_kwargs, **spec.get("env", {})}
+    lr = float(spec.get("lr_multiplier", lr_multiplier))
     if kind == "fixed":
         counts = dict(spec["counts"])
-        return FixedAllocation(counts, label=spec["name"]), {**kw, "initial_allocation": counts}
+        return FixedAllocation(counts, label=spec["name"]).set_lr(lr), {**kw, "initial_allocation": counts}
     if kind == "fixed_target":  # the same target, reached from the pool's initial allocation
-        return FixedAllocation(dict(spec["counts"]), label=spec["name"]), kw
+        return FixedAllocation(dict(spec["counts"]), label=spec["name"]).set_lr(lr), kw
     if kind == "learned":
         algo_form = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}[spec["algo"]]
         kw = {**kw, "action_form": algo_form}
         return load_elastic_bundle(to_absolute_path(spec["bundle"]), ElasticClusterEnv(**kw)), kw
-    return make_elastic_controller(kind, **spec.get("params", {})), kw
+    return make_elastic_controller(kind, lr_multiplier=lr, **spec.get("params", {})), kw
 
 
 def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,12 +85,18 @@ def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]
     }
 
 
-def _hindsight(cfg: dict[str, Any], env_kwargs: dict[str, Any], seeds: list[int], fastest: dict[int, float]):
+def _hindsight(
+    cfg: dict[str, Any],
+    env_kwargs: dict[str, Any],
+    seeds: list[int],
+    fastest: dict[int, float],
+    lr: float = 1.0,
+):
     """Per seed, the cheapest fixed allocation (from the grid) within the time factor."""
     rows = []
     for seed in seeds:
         limit = cfg["time_factor"] * fastest[seed]
-        best = hindsight_fixed_allocation(env_kwargs, seed, cfg["counts"], limit)
+        best = hindsight_fixed_allocation(env_kwargs, seed, cfg["counts"], limit, lr_multiplier=lr)
         if best is not None:
             rows.append(best)
             log.info("hindsight seed %d: %s", seed, best["allocation"])
@@ -105,7 +115,7 @@ def run(cfg: DictConfig) -> float:
         if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
             log.warning("skipping %s: no bundle at %s", name, spec["bundle"])
             continue
-        ctl, kw = _controller(spec, env_kwargs)
+        ctl, kw = _controller(spec, env_kwargs, float(raw.get("baseline_lr_multiplier", 1.0)))
         rows = []
         for seed in seeds:
             r = run_elastic_episode(ElasticClusterEnv(**kw), ctl, seed)
@@ -121,7 +131,7 @@ def run(cfg: DictConfig) -> float:
         log.info("%s: %s", name, table[-1])
     hs = raw.get("hindsight") or {}
     if hs.get("enabled") and fastest_fixed:
-        rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed)
+        rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed, float(raw.get("baseline_lr_multiplier", 1.0)))
         if rows:
             table.append(_summary("hindsight_fixed", "hindsight", rows))
     _write(out, table, episodes, timelines)

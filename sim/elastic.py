@@ -13,9 +13,11 @@ and a slot's candidates shift only after it was itself preempted.
     restart       : every change of the held set stalls the job pool.restart_s (re-forming the group
                     and reloading the checkpoint), paid before the next iteration
     lr multiplier : m scales the rule's learning rate; progress per step is multiplied by
-                    g(m) = m * exp(-(m - 1)^2 / (2 w^2)) / max_m(...)  (w = lr_tolerance; an
-                    assumed, uncalibrated response: the rule's rate is near the optimum, both
-                    directions cost a little, the optimum lies just above 1)
+                    g(m) = m^a exp(-(m - 1)^2 / (2 w^2))  (g(1) = 1; w = lr_tolerance,
+                    a = lr_exponent; by default both as fitted to real training by
+                    ``python -m experiments.fit_lr_response``, sim/data/lr_response.json: the
+                    digits CNN on a CPU rank, the one task that trains here, standing in for the
+                    pool's GPU workload)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.datafiles import data_path, load_json
 from sim.engine import Simulator
 from sim.faults import Scenario
 from sim.pool import PoolSpec
@@ -53,15 +56,18 @@ class PoolEvent:
         return f"t={self.time_s:.1f}s {self.kind} slot {self.slot} ({self.offer})"
 
 
-def lr_progress_gain(multiplier: float, tolerance: float) -> float:
-    """g(m) = m exp(-(m - 1)^2 / (2 w^2)), normalised so that its maximum over m is 1."""
-    w2 = tolerance**2
-    m_best = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * w2))  # d/dm [ln m - (m-1)^2 / 2w^2] = 0
+def lr_progress_gain(multiplier: float, tolerance: float, exponent: float = 1.0) -> float:
+    """g(m) = m^a exp(-(m - 1)^2 / (2 w^2)) (a = ``exponent``: 1, progress in proportion to the
+    learning rate; 0, insensitive to it but for the penalty of straying; w = ``tolerance``). g(1) = 1:
+    the convergence models were fitted at the rule's own learning rate."""
+    return multiplier**exponent * math.exp(-((multiplier - 1.0) ** 2) / (2.0 * tolerance**2))
 
-    def g(m: float) -> float:
-        return m * math.exp(-((m - 1.0) ** 2) / (2.0 * w2))
 
-    return g(multiplier) / g(m_best)
+def fitted_lr_response() -> tuple[float, float]:
+    """(``lr_tolerance``, ``lr_exponent``) fitted by ``python -m experiments.fit_lr_response``
+    (``sim/data/lr_response.json``)."""
+    doc = load_json(str(data_path("lr_response.json")))
+    return float(doc["lr_tolerance"]), float(doc["lr_exponent"])
 
 
 class ElasticJob:
@@ -70,7 +76,8 @@ class ElasticJob:
     Args:
         pool: the :class:`PoolSpec`.
         workload, scenario: as for :class:`Simulator` (faults act on every slot).
-        lr_tolerance: w of the learning-rate response (see the module docstring).
+        lr_tolerance, lr_exponent: w and a of the learning-rate response (see the module
+            docstring; ``None``: the fitted ones of ``sim/data/lr_response.json``).
         **sim_kwargs: passed to :class:`Simulator`.
     """
 
@@ -80,7 +87,8 @@ class ElasticJob:
         workload: str | Workload | None = None,
         scenario: str | Scenario = "static_hetero",
         *,
-        lr_tolerance: float = 0.25,
+        lr_tolerance: float | None = None,
+        lr_exponent: float | None = None,
         **sim_kwargs,
     ) -> None:
         self.pool = pool
@@ -91,7 +99,13 @@ class ElasticJob:
         self.slot_spot = pool.slot_is_spot
         self.capacity = np.array([pool.capacity(o) for o in self.offers], dtype=np.int64)
         self.offer_price = np.array([pool.price(o) for o in self.offers])
-        self.lr_tolerance = check_range("lr_tolerance", lr_tolerance, 1e-3, 10.0)
+        fitted = fitted_lr_response() if lr_tolerance is None or lr_exponent is None else (None, None)
+        self.lr_tolerance = check_range(
+            "lr_tolerance", fitted[0] if lr_tolerance is None else lr_tolerance, 1e-3, 10.0
+        )
+        self.lr_exponent = check_range(
+            "lr_exponent", fitted[1] if lr_exponent is None else lr_exponent, 0.0, 2.0
+        )
         self._reset_done = False
 
     @property
@@ -113,7 +127,7 @@ class ElasticJob:
         self._held_since = np.full(n, math.nan)
         self._spent = 0.0
         self.lr_multiplier = 1.0
-        self.sim.progress_scale = 1.0
+        self.sim.progress_scale = lr_progress_gain(1.0, self.lr_tolerance, self.lr_exponent)
         self.log: list[PoolEvent] = []
         self._log_cursor = 0
         self.restarts = 0
@@ -220,7 +234,7 @@ class ElasticJob:
         lo, hi = LR_RANGE
         m = check_range("lr_multiplier", multiplier, lo, hi)
         self.lr_multiplier = m
-        self.sim.progress_scale = lr_progress_gain(m, self.lr_tolerance)
+        self.sim.progress_scale = lr_progress_gain(m, self.lr_tolerance, self.lr_exponent)
 
     def run_interval(self, local_batches, iterations: int) -> IntervalReport:
         self._require_reset()

@@ -23,7 +23,7 @@ class ElasticSimBackend:
         workload, scenario: as for :class:`sim.engine.Simulator`.
         initial_batch: local batch of every slot (default: the workload's, within each range).
         time_budget_s: the episode's wall-clock budget (default: the workload's).
-        lr_tolerance: width of the learning-rate response (:mod:`sim.elastic`).
+        lr_tolerance, lr_exponent: the learning-rate response (:mod:`sim.elastic`; ``None``: fitted).
         **sim_kwargs: passed to the simulator.
     """
 
@@ -35,11 +35,14 @@ class ElasticSimBackend:
         *,
         initial_batch: int | None = None,
         time_budget_s: float | None = None,
-        lr_tolerance: float = 0.25,
+        lr_tolerance: float | None = None,
+        lr_exponent: float | None = None,
         **sim_kwargs: Any,
     ) -> None:
         self.pool = get_pool(pool)
-        self.job = ElasticJob(self.pool, workload, scenario, lr_tolerance=lr_tolerance, **sim_kwargs)
+        self.job = ElasticJob(
+            self.pool, workload, scenario, lr_tolerance=lr_tolerance, lr_exponent=lr_exponent, **sim_kwargs
+        )
         sim = self.job.sim
         self.spec = simulator_spec(sim, initial_batch, time_budget_s)
         self.ground_truth = SimGroundTruth(sim)  # the slots' noise-free models, for oracles

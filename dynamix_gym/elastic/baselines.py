@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.elastic import LR_RANGE
 from sim.scaling import adascale_gain
 from sim.validation import check_int, check_range
 
@@ -94,10 +95,18 @@ class ElasticSpec:
 
 
 class ElasticController:
-    """Base: keeps every batch, leaves the lr at 1; subclasses choose ``deltas`` per offer."""
+    """Base: keeps every batch and runs at one constant learning-rate multiplier
+    (:attr:`lr_multiplier`, 1 unless :meth:`set_lr` changes it); subclasses choose ``deltas`` per offer."""
 
     name = "elastic"
     uses_truth = False
+    lr_multiplier = 1.0
+
+    def set_lr(self, multiplier: float) -> ElasticController:
+        """Run at the constant learning-rate multiplier ``multiplier`` (in ``sim.elastic.LR_RANGE``)."""
+        lo, hi = LR_RANGE
+        self.lr_multiplier = check_range(f"{self.name}.lr_multiplier", multiplier, lo, hi)
+        return self
 
     def reset(self, spec: ElasticSpec, rng: np.random.Generator | None = None) -> None:
         self.spec = spec
@@ -108,7 +117,7 @@ class ElasticController:
 
     def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True):
         d = np.clip(np.asarray(self.deltas(info), dtype=np.int64), -2, 2)
-        action: dict[str, Any] = {"workers": d + 2, "lr": np.array([1.0], dtype=np.float32)}
+        action: dict[str, Any] = {"workers": d + 2, "lr": np.array([self.lr_multiplier], dtype=np.float32)}
         if self.spec.batch_action == "per_worker":
             n = self.spec.num_slots
             action["batch"] = (
@@ -366,14 +375,15 @@ class SpotBackfill(ElasticController):
         return d
 
 
-def make_elastic_controller(name: str, **kwargs: Any) -> ElasticController:
-    """A baseline by name: ``fixed`` (``counts=``), ``goodput_per_dollar``, ``oracle_pool``."""
-    if name == "fixed":
-        return FixedAllocation(**kwargs)
-    if name == "goodput_per_dollar":
-        return GoodputPerDollar(**kwargs)
-    if name == "oracle_pool":
-        return PoolOracle(**kwargs)
-    if name == "spot_backfill":
-        return SpotBackfill(**kwargs)
-    raise ValueError(f"elastic controller {name!r} is not one of {list(ELASTIC_BASELINES)}")
+def make_elastic_controller(name: str, lr_multiplier: float = 1.0, **kwargs: Any) -> ElasticController:
+    """A baseline by name: ``fixed`` (``counts=``), ``goodput_per_dollar``, ``oracle_pool``,
+    ``spot_backfill``; each at the constant learning-rate multiplier ``lr_multiplier``."""
+    kinds = {
+        "fixed": FixedAllocation,
+        "goodput_per_dollar": GoodputPerDollar,
+        "oracle_pool": PoolOracle,
+        "spot_backfill": SpotBackfill,
+    }
+    if name not in kinds:
+        raise ValueError(f"elastic controller {name!r} is not one of {list(ELASTIC_BASELINES)}")
+    return kinds[name](**kwargs).set_lr(lr_multiplier)

@@ -22,10 +22,15 @@ from sim.validation import check_int
 
 
 def hindsight_fixed_allocation(
-    env_kwargs: dict[str, Any], seed: int, counts: Sequence[int], time_limit_s: float = math.inf
+    env_kwargs: dict[str, Any],
+    seed: int,
+    counts: Sequence[int],
+    time_limit_s: float = math.inf,
+    lr_multiplier: float = 1.0,
 ) -> dict[str, Any] | None:
     """The episode of the cheapest fixed allocation on ``seed`` within ``time_limit_s`` (with its
-    ``allocation``), or ``None`` when none of the grid reaches the target in time.
+    ``allocation``), each run at the constant ``lr_multiplier``, or ``None`` when none of the grid
+    reaches the target in time.
 
     Raises:
         ValueError: a negative GPU count in ``counts`` (naming it).
@@ -39,7 +44,7 @@ def hindsight_fixed_allocation(
             continue
         alloc = {o: int(v) for o, v in zip(offers, combo, strict=True) if v}
         env = ElasticClusterEnv(**{**env_kwargs, "initial_allocation": alloc})
-        r = run_elastic_episode(env, FixedAllocation(alloc), seed)
+        r = run_elastic_episode(env, FixedAllocation(alloc).set_lr(lr_multiplier), seed)
         if not r["reached_target"] or r["time_to_accuracy_s"] > time_limit_s:
             continue
         if best is None or r["dollars_to_accuracy"] < best["dollars_to_accuracy"]:

@@ -118,7 +118,9 @@ class ElasticClusterEnv(gym.Env):
     ``gymnasium.make("dynamix/ElasticCluster-v0", pool="t4v100_spot", workload=None,
     scenario="static_hetero", reward="cost", interval=50, action_form="dict",
     batch_mode="delta", batch_action="per_worker", max_decisions=None, time_budget_s=None,
-    initial_batch=None, window=4, lr_tolerance=0.25, sim_kwargs=None, initial_allocation=None)``;
+    initial_batch=None, window=4, lr_tolerance=None, lr_exponent=None, sim_kwargs=None,
+    initial_allocation=None)``; ``lr_tolerance`` and ``lr_exponent`` shape the learning-rate response
+    (:mod:`sim.elastic`; ``None``: as fitted to real training, ``sim/data/lr_response.json``);
     ``initial_allocation`` (``{offer: GPUs}``) replaces the pool's ``initial``.
 
     ## Version History
@@ -141,7 +143,8 @@ class ElasticClusterEnv(gym.Env):
         time_budget_s: float | None = None,
         initial_batch: int | None = None,
         window: int = 4,
-        lr_tolerance: float = 0.25,
+        lr_tolerance: float | None = None,
+        lr_exponent: float | None = None,
         sim_kwargs: dict[str, Any] | None = None,
         initial_allocation: Mapping[str, int] | None = None,
     ) -> None:
@@ -170,6 +173,7 @@ class ElasticClusterEnv(gym.Env):
             initial_batch=initial_batch,
             time_budget_s=time_budget_s,
             lr_tolerance=lr_tolerance,
+            lr_exponent=lr_exponent,
             **(sim_kwargs or {}),
         )
         self.job = self.backend.job

@@ -86,6 +86,20 @@ def test_the_backfill_swaps_a_noticed_spot_gpu_in_one_change_and_keeps_its_repla
     assert r0["preemptions"] >= 1
 
 
+def test_a_baseline_runs_at_its_learning_rate_multiplier_and_a_higher_one_trains_faster_here():
+    """The fitted response rises with the multiplier on the measured task (sim/data/lr_response.json)."""
+    counts = {"T4/on_demand": 4}
+    times = {}
+    for lr in (1.0, 1.25):
+        env = ElasticClusterEnv(initial_allocation=counts, **ENV)
+        r = run_elastic_episode(
+            env, make_elastic_controller("fixed", counts=counts, lr_multiplier=lr), seed=100
+        )
+        assert env.job.lr_multiplier == lr and r["reached_target"]
+        times[lr] = r["time_to_accuracy_s"]
+    assert times[1.25] < times[1.0]
+
+
 def test_baseline_bad_input_names_the_field():
     env = ElasticClusterEnv(**ENV)
     spec = ElasticSpec.from_env(env)
@@ -99,6 +113,8 @@ def test_baseline_bad_input_names_the_field():
         make_elastic_controller("goodput_per_dollar", threshold=-1.0)
     with pytest.raises(ValueError, match="not one of"):
         make_elastic_controller("magic")
+    with pytest.raises(ValueError, match=r"fixed\.lr_multiplier must be in \[0\.8, 1\.25\]"):
+        make_elastic_controller("fixed", counts={"T4/spot": 1}, lr_multiplier=2.0)
     with pytest.raises(ValueError, match=r"spot_backfill\.on_demand"):
         make_elastic_controller("spot_backfill", gpus=4, on_demand=5)
     with pytest.raises(ValueError, match=r"spot_backfill\.swap_on_notice must be true or false"):

@@ -160,7 +160,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             float(np.percentile(boot_arr[:, 1], 5)),
             float(np.percentile(boot_arr[:, 1], 95)),
         ],
-        "best_multiplier": 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w)),
+        "best_multiplier": 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w)),  # of the fitted curve
+        "best_multiplier_in_range": min(
+            max(0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w)), LR_RANGE[0]), LR_RANGE[1]
+        ),
         "measured_response": {str(m): v for m, v in measured.items()},
         "fitted_response": {str(m): v for m, v in fitted.items()},
         "iterations_to_target": {str(m): v for m, v in its.items()},
@@ -202,8 +205,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += [
         "",
         f"Fitted width w (`lr_tolerance`) **{doc['lr_tolerance']:.3f}** (bootstrap over seeds, 5-95%: {wl:.3f}-{wh:.3f}), "
-        f"exponent a (`lr_exponent`) **{doc['lr_exponent']:.3f}** ({al:.3f}-{ah:.3f}); best multiplier "
-        f"{doc['best_multiplier']:.3f}; RMS log error {doc['rms_log_error']:.3f}"
+        f"exponent a (`lr_exponent`) **{doc['lr_exponent']:.3f}** ({al:.3f}-{ah:.3f}); the fitted curve peaks at "
+        f"x{doc['best_multiplier']:.2f}, so the best multiplier the elastic action allows is "
+        f"x{doc['best_multiplier_in_range']:.2f}; RMS log error {doc['rms_log_error']:.3f}"
         + (" (a parameter at its search bound)" if doc["at_search_bound"] else "")
         + ". `sim.elastic.ElasticJob` reads them from `sim/data/lr_response.json` unless given.",
         "",

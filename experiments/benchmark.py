@@ -28,6 +28,9 @@ Scoring (:func:`score`), written to ``results/benchmark/<label>/<split>/`` as ``
   seed 101 in 4.2 s against 6.9 s, the BERT tasks 5-11% sooner (tried 2026-12-02, not adopted;
   the universal policy, retrained for short first intervals, gained less than that limit would);
 * ``ratio`` = (TTA, or the time budget if the target was missed) / the limit's TTA;
+* a diagnostic beside the ratio (never instead of it): ``x_limit_from_initial``, TTA over the best
+  schedule the planner found that starts at the workload's initial batch, as every adaptive
+  controller must (the limit itself may be a static batch that ran its first interval at itself);
 * summary scores: the geometric mean of the ratios, the share of runs reaching the target, the
   worst task (highest geometric mean over its seeds). A run faster than the limit is flagged
   (``limit_beaten``): it means the planner missed a schedule, a bug to fix in the planner.
@@ -191,6 +194,11 @@ def run_task(cfg: DictConfig, out: Path) -> float:
     if search:
         row["plan"] = search.get("plan")
         row["search_s"] = search.get("search_s")
+        # The best schedule that starts at the workload's initial batch, as every adaptive
+        # controller does (the limit may be a static batch that ran its first interval at itself).
+        from_initial = [v for k, v in search.get("best_by_kind", {}).items() if k != "static_own_start"]
+        if from_initial:
+            row["limit_from_initial_s"] = float(min(from_initial))
     atomic_write_text(out / "run.json", json.dumps(row, indent=1, default=str) + "\n")
     return tta
 
@@ -303,6 +311,14 @@ def score(root: Path, label: str, split: str, command: str = "") -> dict[str, An
     ]
     runs["ratio"] = runs.score_s / runs.limit_s
     runs["x_best_static"] = runs.score_s / runs.best_static_s
+    has_initial = limit is not None and "limit_from_initial_s" in limit.columns
+    runs["limit_from_initial_s"] = [
+        max(float(limit.loc[k, "limit_from_initial_s"]), float(limit.loc[k, "score_s"]))
+        if has_initial and k in limit.index
+        else math.nan
+        for k in key
+    ]
+    runs["x_limit_from_initial"] = runs.score_s / runs.limit_from_initial_s
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     summary = summarise(runs, label, split, command)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=_json_default) + "\n")
@@ -346,6 +362,10 @@ def summarise(runs: pd.DataFrame, label: str, split: str, command: str) -> dict[
         "tasks": int(runs.task.nunique()),
         "geomean_ratio_to_limit": _geomean(runs.ratio),
         "geomean_ratio_to_best_static": _geomean(runs.x_best_static),
+        # a diagnostic beside the limit, never instead of it: TTA over the best schedule that
+        # starts at the workload's initial batch (NCF's limit is a static batch run at itself
+        # from the first interval, which no adaptive controller can match within the protocol)
+        "geomean_ratio_to_limit_from_initial": _geomean(runs.x_limit_from_initial),
         "reached_share": float(runs.reached_target.mean()),
         "worst_task": worst,
         "worst_task_ratio": float(per_task.max()) if worst is not None else math.nan,
@@ -373,6 +393,8 @@ def to_markdown(runs: pd.DataFrame, s: dict[str, Any]) -> str:
         f"- geometric mean of TTA / hindsight limit: **{_f(s['geomean_ratio_to_limit'])}** "
         f"(a missed target counts its time budget)",
         f"- geometric mean of TTA / best static batch: {_f(s['geomean_ratio_to_best_static'])}",
+        f"- geometric mean of TTA / the best schedule starting at the initial batch (a diagnostic): "
+        f"{_f(s.get('geomean_ratio_to_limit_from_initial', math.nan))}",
         f"- runs reaching the target: {s['reached_share']:.0%} of {s['runs']}",
         f"- worst task: {s['worst_task']} ({_f(s['worst_task_ratio'])} x limit)",
         f"- run time: {_f(s.get('run_s_total', math.nan) / 60, 1)} min of one core over all runs",
@@ -408,13 +430,18 @@ def rebuild_index(root: Path) -> None:
         "are in `<label>/<split>/summary.md`. Ratio: time to accuracy (a missed target counts its budget)",
         "over the hindsight limit's, geometric mean over every task and seed of the split.",
         "",
-        "| split | controller | x limit (geomean) | x best static (geomean) | reached | worst task (x limit) | limit beaten |",
-        "|---|---|---|---|---|---|---|",
+        "The column *x limit from initial batch* is a diagnostic beside it: time over the best schedule",
+        "that starts at the workload's initial batch, as every adaptive controller must (on NCF the",
+        "limit is a static batch that ran its first interval at itself).",
+        "",
+        "| split | controller | x limit (geomean) | x best static (geomean) | x limit from initial batch | reached | worst task (x limit) | limit beaten |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in sorted(summaries, key=lambda s: (s["split"], s["geomean_ratio_to_limit"])):
         lines.append(
             f"| {s['split']} | {s['label']} | {_f(s['geomean_ratio_to_limit'])} | "
-            f"{_f(s['geomean_ratio_to_best_static'])} | {s['reached_share']:.0%} | "
+            f"{_f(s['geomean_ratio_to_best_static'])} | {_f(s.get('geomean_ratio_to_limit_from_initial', math.nan))} | "
+            f"{s['reached_share']:.0%} | "
             f"{s['worst_task']} ({_f(s['worst_task_ratio'])}) | {len(s['limit_beaten'])} |"
         )
     lines += [

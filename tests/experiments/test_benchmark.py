@@ -191,7 +191,9 @@ def test_benchmark_tiny_split_end_to_end(tmp_path):
     assert set(runs.columns) >= {"task", "seed", "time_to_accuracy_s", "limit_s", "best_static_s", "ratio"}
     assert runs.limit_s.notna().all() and runs.best_static_s.notna().all()
     # the diagnostic beside the ratio: the best schedule from the initial batch is never faster than the limit
-    assert (runs.limit_from_initial_s >= runs.limit_s).all() and (runs.x_limit_from_initial <= runs.ratio).all()
+    assert (runs.limit_from_initial_s >= runs.limit_s).all() and (
+        runs.x_limit_from_initial <= runs.ratio
+    ).all()
     assert summary["geomean_ratio_to_limit_from_initial"] <= summary["geomean_ratio_to_limit"]
     static = pd.read_csv(root / "static" / "tiny" / "runs.csv")
     assert len(static) == 2 and static.controller.str.startswith("static-").all()  # the best per task

@@ -42,3 +42,30 @@ def test_g_is_one_at_the_rule_s_rate_and_the_shipped_fit_is_read():
     w, a = fitted_lr_response()
     assert 1e-3 <= w <= 10.0 and 0.0 <= a <= 2.0
     assert np.isfinite(lr_progress_gain(1.25, w, a))
+
+
+@pytest.mark.slow
+def test_the_app_trains_real_ranks_and_writes_the_fit(tmp_path):
+    """Two multipliers x one seed of real training through the Hydra app, to temporary files."""
+    import json
+
+    from support import run_app
+
+    out, report = tmp_path / "lr.json", tmp_path / "lr.md"
+    proc = run_app(
+        "experiments.fit_lr_response",
+        "multipliers=[1.0,1.25]",
+        "seeds=[0]",
+        "bootstrap=5",
+        f"out={out}",
+        f"report={report}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["iterations_to_target"]) == {"1.0", "1.25"} and doc["measured_response"]["1.0"] == 1.0
+    assert math.isfinite(doc["rms_log_error"]) and 0.0 <= doc["lr_exponent"] <= 2.0
+    assert "lr_tolerance" in report.read_text()
+    bad = run_app("experiments.fit_lr_response", "multipliers=[0.5,1.0]", f"out={out}", timeout=120)
+    assert bad.returncode != 0 and "multipliers must lie in the elastic range" in bad.stderr

@@ -135,7 +135,9 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
         for w in range(int(cfg.stream.waves)):
             seeds = [seeds_from + w * len(names) + i for i in range(len(names))]
             jobs = _wave(address, token, test_tasks, names, seeds, f"w{w}")
-            entry = learner.step(force=True) if w < int(cfg.stream.waves) - 1 else None
+            every = int(cfg.stream.get("update_every_waves", 1))
+            due = (w + 1) % every == 0 and w < int(cfg.stream.waves) - 1
+            entry = learner.step(force=True) if due else None
             waves.append(
                 {
                     "wave": w,

@@ -30,7 +30,9 @@ def test_a_tiny_stream_writes_the_curve_and_the_poison_check(tmp_path):
     r = json.loads((out / "online.json").read_text())
     assert len(r["waves"]) == 3
     updates = [w["update"] for w in r["waves"]]
-    assert updates[0] is None and updates[1] is not None and updates[2] is None  # after every 2nd wave, not the last
+    assert (
+        updates[0] is None and updates[1] is not None and updates[2] is None
+    )  # after every 2nd wave, not the last
     assert updates[1]["validation_ratio_to_parent"] > 0
     assert r["curve"][0]["version"] == 0 and r["curve"][0]["ratio_to_pretrained"] == 1.0
     assert r["poison"]["validation_gate"]["status"] in ("promoted", "rejected")

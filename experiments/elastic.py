@@ -110,12 +110,13 @@ def run(cfg: DictConfig) -> float:
     seeds = [int(s) for s in raw["seeds"]]
     table, episodes, timelines = [], [], []
     fastest_fixed: dict[int, float] = {}
+    baseline_lr = float(raw.get("baseline_lr_multiplier", 1.0))  # every baseline's constant multiplier
     for spec in raw["controllers"]:
         name = spec["name"]
         if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
             log.warning("skipping %s: no bundle at %s", name, spec["bundle"])
             continue
-        ctl, kw = _controller(spec, env_kwargs, float(raw.get("baseline_lr_multiplier", 1.0)))
+        ctl, kw = _controller(spec, env_kwargs, baseline_lr)
         rows = []
         for seed in seeds:
             r = run_elastic_episode(ElasticClusterEnv(**kw), ctl, seed)
@@ -131,7 +132,7 @@ def run(cfg: DictConfig) -> float:
         log.info("%s: %s", name, table[-1])
     hs = raw.get("hindsight") or {}
     if hs.get("enabled") and fastest_fixed:
-        rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed, float(raw.get("baseline_lr_multiplier", 1.0)))
+        rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed, baseline_lr)
         if rows:
             table.append(_summary("hindsight_fixed", "hindsight", rows))
     _write(out, table, episodes, timelines)

@@ -67,9 +67,9 @@ class LearnerConfig:
     min_gain: float = 0.005  # validation TTA must fall by this fraction for a promotion
     rollback_window: int = 3  # measured jobs of a promoted version before it is judged
     rollback_tolerance: float = 0.05  # mean TTA ratio to the parent above 1 + this: roll back
-    validation_score: str = (
-        "mean"  # "mean": mean TTA (s); "geomean": geomean of per-task ratios to the parent
-    )
+    # how a candidate's validation is compared with its parent's (VALIDATION_SCORES): "mean", the
+    # mean TTA in seconds; "geomean", the geometric mean over tasks of candidate / parent
+    validation_score: str = "mean"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.learning_rate <= 1e-2:

@@ -60,6 +60,10 @@ class ElasticTrainConfig:
     # Gaussian exploration noise on the box action (SB3's NormalActionNoise, std in action units) for
     # the off-policy learners; TD3's own default is none, i.e. no exploration beyond the warm start.
     action_noise_sigma: float | None = None
+    # Checkpoints are kept by validation dollars + this value of time x hours to accuracy: None, the
+    # cost reward's own time_value_usd_per_hour (0 for the scheduler reward), i.e. by the objective
+    # the reward optimises.
+    select_time_value_usd_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -71,6 +75,13 @@ class ElasticTrainConfig:
                 )
             if not 0.0 < float(self.action_noise_sigma) <= 1.0:
                 raise ValueError(f"action_noise_sigma must lie in (0, 1], got {self.action_noise_sigma!r}")
+        if (
+            self.select_time_value_usd_per_hour is not None
+            and not 0.0 <= self.select_time_value_usd_per_hour < 1e6
+        ):
+            raise ValueError(
+                f"select_time_value_usd_per_hour must lie in [0, 1e6), got {self.select_time_value_usd_per_hour!r}"
+            )
         if min(self.eval_seeds, default=100) < 100 or self.seed < 100:
             raise ValueError("seed and eval_seeds must be >= 100 (seeds 0-4 are held out for the report)")
 
@@ -214,7 +225,8 @@ def behaviour_clone(model: Any, venv: Any, cfg: ElasticTrainConfig) -> dict[str,
 
 
 def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train a learner; keeps the bundle with the lowest validation dollars to accuracy (seeds >= 100)."""
+    """Train a learner; keeps the bundle with the lowest validation objective (dollars plus the value of
+    time, see ``select_time_value_usd_per_hour``; seeds >= 100)."""
     torch.set_num_threads(cfg.torch_threads)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -239,7 +251,17 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
         **cfg.algo_kwargs,
     )
     probe_env = ElasticClusterEnv(**kwargs)
-    best = {"dollars_to_accuracy": math.inf}
+    value = cfg.select_time_value_usd_per_hour
+    if value is None:
+        reward = probe_env.reward_config
+        value = reward.time_value_usd_per_hour if reward.kind == "cost" else 0.0
+
+    def objective(score: dict[str, float]) -> tuple[float, float]:
+        """(dollars + value of time, time): what a checkpoint is kept by."""
+        t = score["time_to_accuracy_s"]
+        return score["dollars_to_accuracy"] + value * t / 3600.0, t
+
+    best = {"dollars_to_accuracy": math.inf, "time_to_accuracy_s": math.inf}
     history = []
     warm = behaviour_clone(model, venv, cfg) if cfg.expert_pretrain else {}
 
@@ -248,6 +270,7 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
 
     if warm:
         score = evaluate(ElasticPolicy(model, norm(), {}), kwargs, cfg.eval_seeds)
+        score["objective_usd"] = objective(score)[0]
         warm.update(score)
         history.append({**score, "timesteps": 0})
         log.info("%s after behaviour cloning: validation %s", cfg.algo, score)
@@ -263,11 +286,8 @@ def train_elastic(cfg: ElasticTrainConfig, config_dict: dict[str, Any] | None = 
         score["timesteps"] = int(model.num_timesteps)
         history.append(score)
         log.info("%s at %d steps: validation %s", cfg.algo, model.num_timesteps, score)
-        key = score["dollars_to_accuracy"], score["time_to_accuracy_s"]
-        if not (run_dir / "best").exists() or key < (
-            best["dollars_to_accuracy"],
-            best.get("time_to_accuracy_s", math.inf),
-        ):
+        score["objective_usd"] = objective(score)[0]
+        if not (run_dir / "best").exists() or objective(score) < objective(best):
             best = score
             save_elastic_bundle(run_dir / "best", model, cfg, norm(), probe_env)
     train_s = time.perf_counter() - t0

@@ -136,6 +136,8 @@ def test_exploration_noise_is_refused_for_ppo_and_outside_its_range():
         ElasticTrainConfig(run_dir="x", algo="ppo", action_noise_sigma=0.1)
     with pytest.raises(ValueError, match=r"action_noise_sigma must lie in \(0, 1\]"):
         ElasticTrainConfig(run_dir="x", algo="td3", action_noise_sigma=0.0)
+    with pytest.raises(ValueError, match=r"select_time_value_usd_per_hour must lie in \[0, 1e6\)"):
+        ElasticTrainConfig(run_dir="x", select_time_value_usd_per_hour=-1.0)
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,7 @@ def fit_response(measured: dict[float, float]) -> dict[str, Any]:
 
     def loss(x: np.ndarray) -> float:
         w, a = float(x[0]), float(x[1])
-        pred = np.log([lr_progress_gain(float(m), w, a) / lr_progress_gain(1.0, w, a) for m in ms])
+        pred = np.log([lr_progress_gain(float(m), w, a) for m in ms])  # g(1) = 1
         return float(np.mean((pred - y) ** 2))
 
     starts = [(0.25, 1.0), (1.0, 0.5), (3.0, 0.0), (0.5, 0.0)]
@@ -107,7 +107,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     seeds = [int(s) for s in raw["seeds"]]
     batch, per, intervals = int(raw["batch"]), int(raw["iterations_per_interval"]), int(raw["intervals"])
     target = float(raw["target_accuracy"])
-    curves: dict[str, dict[str, list]] = {}
     its: dict[float, list[float]] = {m: [] for m in multipliers}
     t0 = time.monotonic()
     for m in multipliers:
@@ -129,10 +128,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                         "iterations: raise intervals or lower the target"
                     )
                 its[m].append(n)
-                curves[f"{m}:{seed}"] = {
-                    "iterations": [c[0] for c in curve],
-                    "accuracy": [c[1] for c in curve],
-                }
                 log.info("lr x%.2f seed %d: %.1f iterations to %.2f", m, seed, n, target)
         finally:
             backend.close()
@@ -145,7 +140,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f = fit_response(response({m: [v[i] for i in idx] for m, v in its.items()}))
         boot.append((f["lr_tolerance"], f["lr_exponent"]))
     w, a = fit["lr_tolerance"], fit["lr_exponent"]
-    fitted = {m: lr_progress_gain(m, w, a) / lr_progress_gain(1.0, w, a) for m in multipliers}
+    fitted = {m: lr_progress_gain(m, w, a) for m in multipliers}
+    peak = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w))  # argmax of g: a/m = (m - 1)/w^2
     boot_arr = np.array(boot)
     doc = {
         "lr_tolerance": w,
@@ -160,10 +156,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             float(np.percentile(boot_arr[:, 1], 5)),
             float(np.percentile(boot_arr[:, 1], 95)),
         ],
-        "best_multiplier": 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w)),  # of the fitted curve
-        "best_multiplier_in_range": min(
-            max(0.5 * (1.0 + math.sqrt(1.0 + 4.0 * a * w * w)), LR_RANGE[0]), LR_RANGE[1]
-        ),
+        "best_multiplier": peak,  # of the fitted curve
+        "best_multiplier_in_range": min(max(peak, lo), hi),
         "measured_response": {str(m): v for m, v in measured.items()},
         "fitted_response": {str(m): v for m, v in fitted.items()},
         "iterations_to_target": {str(m): v for m, v in its.items()},

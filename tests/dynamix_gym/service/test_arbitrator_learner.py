@@ -44,19 +44,34 @@ def _poison(bundle, records: list[dict], n: int) -> list[tuple]:
     ]
 
 
-def test_learner_builds_transitions_from_served_jobs_and_validation_gates_promotion(bundle, tmp_path):
-    scores = iter([100.0, 99.0])  # parent, candidate (a stub validator: the gate's logic alone)
-    running = Running(bundle, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+def _attach(running, tmp_path, validate, **config) -> OnlineLearner:
+    """An online learner over ``running``'s default bundle, attached to its service."""
     learner = OnlineLearner(
         running.service.store,
         "default",
         tmp_path / "versions",
-        validate=lambda b: {"t": next(scores)},
-        config=LearnerConfig(learning_rate=1e-5, update_every=64, window=4096, n_epochs=1, batch_size=64),
+        validate=validate,
+        config=LearnerConfig(**config),
         rng=np.random.default_rng(0),
         log=running.service.log,
     )
     running.service.learner = learner
+    return learner
+
+
+def test_learner_builds_transitions_from_served_jobs_and_validation_gates_promotion(bundle, tmp_path):
+    scores = iter([100.0, 99.0])  # parent, candidate (a stub validator: the gate's logic alone)
+    running = Running(bundle, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+    learner = _attach(
+        running,
+        tmp_path,
+        lambda b: {"t": next(scores)},
+        learning_rate=1e-5,
+        update_every=64,
+        window=4096,
+        n_epochs=1,
+        batch_size=64,
+    )
     try:
         summary = _serve_job(running, "j0", 100)
         # one transition per worker per decision, the last one closed by the final report
@@ -79,23 +94,17 @@ def test_the_geomean_gate_weighs_every_validation_task_alike(bundle, tmp_path, s
     promotes it, the geometric mean of per-task ratios does not."""
     scores = iter([{"bert": 1000.0, "ncf": 40.0}, {"bert": 980.0, "ncf": 48.0}])  # parent, candidate
     running = Running(bundle, tmp_path / "t.jsonl", ServiceConfig(explore=True))
-    learner = OnlineLearner(
-        running.service.store,
-        "default",
-        tmp_path / "versions",
-        validate=lambda b: next(scores),
-        config=LearnerConfig(
-            learning_rate=1e-5,
-            update_every=64,
-            window=4096,
-            n_epochs=1,
-            batch_size=64,
-            validation_score=score,
-        ),
-        rng=np.random.default_rng(0),
-        log=running.service.log,
+    learner = _attach(
+        running,
+        tmp_path,
+        lambda b: next(scores),
+        learning_rate=1e-5,
+        update_every=64,
+        window=4096,
+        n_epochs=1,
+        batch_size=64,
+        validation_score=score,
     )
-    running.service.learner = learner
     try:
         _serve_job(running, "j0", 100)
         entry = learner.step()
@@ -110,24 +119,18 @@ def test_the_geomean_gate_weighs_every_validation_task_alike(bundle, tmp_path, s
 @pytest.mark.timeout(240)
 def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accuracy(bundle, tmp_path):
     running = Running(bundle, tmp_path / "t.jsonl")
-    learner = OnlineLearner(
-        running.service.store,
-        "default",
-        tmp_path / "versions",
-        validate=lambda b: {"unused": 1.0},
-        config=LearnerConfig(
-            learning_rate=1e-3,
-            update_every=64,
-            window=4096,
-            n_epochs=10,
-            batch_size=256,
-            clip_range=100.0,  # follows its data closely (one clipped PPO step moves a policy little)
-            rollback_window=2,
-        ),
-        rng=np.random.default_rng(0),
-        log=running.service.log,
+    learner = _attach(
+        running,
+        tmp_path,
+        lambda b: {"unused": 1.0},
+        learning_rate=1e-3,
+        update_every=64,
+        window=4096,
+        n_epochs=10,
+        batch_size=256,
+        clip_range=100.0,  # follows its data closely (one clipped PPO step moves a policy little)
+        rollback_window=2,
     )
-    running.service.learner = learner
     try:
         before = [_serve_job(running, f"pre{s}", s) for s in (100, 101)]  # the pretrained version, measured
         records = list(read_log(running.log_path))

@@ -129,6 +129,8 @@ class DDPBackend:
         #: the ``extra_state`` values of the checkpoint the last ``reset`` resumed from.
         self.restored_extra: dict[str, Any] = {}
         self.resumed_interval: int | None = None
+        #: scales the lr rule's learning rate (an elastic controller's learning-rate decision).
+        self.lr_multiplier = 1.0
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Any] = []
         self._pids: list[int] = []
@@ -383,6 +385,7 @@ class DDPBackend:
             "base_lr": cfg.base_lr,
             "base_batch": cfg.base_batch,
             "noise_scale": self.noise.noise_scale,
+            "multiplier": self.lr_multiplier,
         }
         changed = self._last_batches is not None and bool(np.any(b != self._last_batches))
         common = {

@@ -128,7 +128,9 @@ class ElasticDDPBackend:
         self._stage(folder, int(world_size))
         self.inner.close()
         cfg = replace(self.inner.config, workers=int(world_size), resume=True, initial_batch=None)
+        multiplier = self.inner.lr_multiplier
         self.inner = DDPBackend(cfg)
+        self.inner.lr_multiplier = multiplier
         self.inner.reset(seed=0)  # the checkpoint restores the run's seed, clocks and data position
         restart_s = time.perf_counter() - t0
         # The group did not train while it re-formed: the job's clock carries on from before it.

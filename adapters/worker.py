@@ -200,7 +200,8 @@ class Trainer:
         if probe:
             b_all, oom = self._probe(b_all, np.asarray(good, dtype=np.int64))
         # The learning rate follows the batches actually applied (after any out-of-memory step-back).
-        lr = lr["base_lr"] * lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
+        gain = lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
+        lr = lr["base_lr"] * lr.get("multiplier", 1.0) * gain  # an elastic controller's multiplier
         for g in self.opt.param_groups:
             g["lr"] = lr
         setup_s = time.perf_counter() - t_setup

@@ -70,6 +70,65 @@ def fitted_lr_response() -> tuple[float, float]:
     return float(doc["lr_tolerance"]), float(doc["lr_exponent"])
 
 
+def initial_held(pool: PoolSpec) -> np.ndarray:
+    """(slots,) the slots a job holds at the start: the first ``initial`` slots of every offer."""
+    held = np.zeros(pool.num_slots, dtype=bool)
+    slot_offer = pool.slot_offer
+    for k, count in enumerate(pool.initial_counts()):
+        held[np.flatnonzero(slot_offer == k)[:count]] = True
+    return held
+
+
+def check_deltas(deltas, offers, held: np.ndarray, free: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``deltas`` (GPUs requested (+) or released (-) per offer) as integers, checked against what the
+    job holds (``held``), what the pool has free (``free``) and the one-GPU minimum.
+
+    Raises:
+        ValueError: a delta that is not an integer, a request beyond the GPUs free in the pool or a
+            release beyond those held, or a result below one GPU in all (each naming the offer, the
+            field and the allowed range).
+    """
+    d = np.asarray(deltas)
+    if d.shape != (len(offers),):
+        raise ValueError(f"deltas must have one entry per offer {list(offers)}, got shape {d.shape}")
+    out = np.zeros(len(offers), dtype=np.int64)
+    for k, offer in enumerate(offers):
+        v = check_int(f"deltas[{k}] ({offer})", d[k].item() if hasattr(d[k], "item") else d[k])
+        if v > free[k]:
+            raise ValueError(
+                f"deltas[{k}] ({offer}) requests {v} GPUs, beyond the pool: {int(free[k])} free of "
+                f"{int(capacity[k])}; allowed range [{-int(held[k])}, {int(free[k])}]"
+            )
+        if -v > held[k]:
+            raise ValueError(
+                f"deltas[{k}] ({offer}) releases {-v} GPUs, the job holds {int(held[k])}; "
+                f"allowed range [{-int(held[k])}, {int(free[k])}]"
+            )
+        out[k] = v
+    total = int(held.sum() + out.sum())
+    if total < 1:
+        raise ValueError(f"deltas {out.tolist()} leave {total} GPUs: the job needs at least one (worker count)")
+    return out
+
+
+def pick_slots(
+    deltas: np.ndarray, slot_offer: np.ndarray, held: np.ndarray, available: np.ndarray, noticed: np.ndarray
+) -> tuple[list[int], list[int]]:
+    """(slots added, slots removed) for checked ``deltas``: requests take the first free available
+    slots of the offer; releases give back the slots under a preemption notice first, then the newest."""
+    added: list[int] = []
+    removed: list[int] = []
+    for k, v in enumerate(int(x) for x in deltas):
+        slots = np.flatnonzero(slot_offer == k)
+        if v > 0:
+            added += [int(s) for s in slots if not held[s] and available[s]][:v]
+        elif v < 0:
+            mine = [int(s) for s in slots if held[s]]
+            mine.sort(key=lambda s: (not noticed[s], -s))
+            removed += mine[:-v]
+    return added, removed
+
+
 class ElasticJob:
     """Data-parallel training of ``workload`` on GPUs rented from ``pool``.
 
@@ -78,7 +137,7 @@ class ElasticJob:
         workload, scenario: as for :class:`Simulator` (faults act on every slot).
         lr_tolerance, lr_exponent: w and a of the learning-rate response (see the module
             docstring; ``None``: the fitted ones of ``sim/data/lr_response.json``).
-        **sim_kwargs: passed to :class:`Simulator`.
+        **sim_kwargs: passed to :class:`Simulator` (``profile`` defaults to the pool's).
     """
 
     def __init__(
@@ -92,6 +151,8 @@ class ElasticJob:
         **sim_kwargs,
     ) -> None:
         self.pool = pool
+        if pool.profile and "profile" not in sim_kwargs:
+            sim_kwargs["profile"] = pool.load_profile()  # its worker types' models, its workload
         self.sim = Simulator(pool.slot_cluster(), workload, scenario, **sim_kwargs)
         self.offers = pool.offers
         self.slot_offer = pool.slot_offer
@@ -131,9 +192,7 @@ class ElasticJob:
         self.log: list[PoolEvent] = []
         self._log_cursor = 0
         self.restarts = 0
-        held = np.zeros(n, dtype=bool)
-        for k, count in enumerate(self.pool.initial_counts()):
-            held[np.flatnonzero(self.slot_offer == k)[:count]] = True
+        held = initial_held(self.pool)
         # The first group forms at t = 0 without a restart.
         self.sim.set_workers(held, 0.0)
         self._held_since[held] = 0.0
@@ -182,41 +241,10 @@ class ElasticJob:
                 offer, the field and the allowed range).
         """
         self._require_reset()
-        d = np.asarray(deltas)
-        if d.shape != (len(self.offers),):
-            raise ValueError(f"deltas must have one entry per offer {list(self.offers)}, got shape {d.shape}")
-        held, free = self.held_counts(), self.free_counts()
-        for k, offer in enumerate(self.offers):
-            v = check_int(f"deltas[{k}] ({offer})", d[k].item() if hasattr(d[k], "item") else d[k])
-            if v > free[k]:
-                raise ValueError(
-                    f"deltas[{k}] ({offer}) requests {v} GPUs, beyond the pool: {int(free[k])} free of "
-                    f"{int(self.capacity[k])}; allowed range [{-int(held[k])}, {int(free[k])}]"
-                )
-            if -v > held[k]:
-                raise ValueError(
-                    f"deltas[{k}] ({offer}) releases {-v} GPUs, the job holds {int(held[k])}; "
-                    f"allowed range [{-int(held[k])}, {int(free[k])}]"
-                )
-        total = int(held.sum() + d.sum())
-        if total < 1:
-            raise ValueError(
-                f"deltas {d.tolist()} leave {total} GPUs: the job needs at least one (worker count)"
-            )
+        d = check_deltas(deltas, self.offers, self.held_counts(), self.free_counts(), self.capacity)
         mask = self.held
         now = self.sim.now_s
-        added, removed = [], []
-        for k in range(len(self.offers)):
-            v = int(d[k])
-            slots = np.flatnonzero(self.slot_offer == k)
-            if v > 0:
-                pick = [s for s in slots if not mask[s] and self.available[s]][:v]
-                added += pick
-            elif v < 0:
-                mine = [s for s in slots if mask[s]]
-                # Release the GPUs under a preemption notice first, then the newest.
-                mine.sort(key=lambda s: (not self.noticed[s], -s))
-                removed += mine[:-v]
+        added, removed = pick_slots(d, self.slot_offer, mask, self.available, self.noticed)
         for s in added:
             mask[s] = True
             self._held_since[s] = now

@@ -5,8 +5,13 @@ Prices are data: a pool comes from a config (``conf/pool/*.yaml``) that records 
 were read and when (``price_source``, ``price_date``); nothing here holds a price.
 
 The pool's *slots* are every GPU it could ever lend, grouped by offer (node type x market) and
-packed onto nodes of the type's instance size (``sim.cluster.GPUS_PER_NODE``). The simulator of an
-elastic job is built on all slots; the job holds a subset of them (``sim.elastic``).
+packed onto nodes of the type's instance size (``sim.cluster.GPUS_PER_NODE``, or ``per_node``). The
+simulator of an elastic job is built on all slots; the job holds a subset of them (``sim.elastic``).
+
+A pool may name a calibrated cluster profile (``profile``, :mod:`sim.profile`): its node types may
+then be the profile's worker types (e.g. ``cpu``, a CPU rank of the machine the profile measured),
+whose models and node sizes come from the profile, and the job trains the profile's workload unless
+told otherwise. Such a pool can be simulated and run on real ranks alike.
 
     cost rate ($/h)   = sum over held slots of the slot's price per GPU-hour
     spot preemption   : per spot slot, candidate times ~ Poisson(rate_per_hour); a held slot at a
@@ -17,16 +22,19 @@ elastic job is built on all slots; the job holds a subset of them (``sim.elastic
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 
 from sim.cluster import GPUS_PER_NODE, ClusterSpec, NodeSpec
 from sim.specs_io import spec_from_dict
 from sim.validation import check_choice, check_int, check_min_max, check_range
 
 MARKETS = ("on_demand", "spot")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -38,9 +46,11 @@ class PoolNodeType:
     spot: int  # GPUs available on the spot market
     on_demand_usd_per_gpu_hour: float
     spot_usd_per_gpu_hour: float
+    per_node: int = 0  # GPUs (workers) per node; 0: the type's instance size
 
-    def check(self, where: str) -> None:
-        check_choice(f"{where}.gpu (node type)", self.gpu, GPUS_PER_NODE)
+    def check(self, where: str, known_types=GPUS_PER_NODE) -> None:
+        check_choice(f"{where}.gpu (node type)", self.gpu, known_types)
+        check_int(f"{where}.per_node (GPUs per node; 0: the type's instance size)", self.per_node, 0, 4096)
         check_int(f"{where}.on_demand (GPUs available)", self.on_demand, 0, 4096)
         check_int(f"{where}.spot (GPUs available)", self.spot, 0, 4096)
         check_range(f"{where}.on_demand_usd_per_gpu_hour", self.on_demand_usd_per_gpu_hour, 0.0, 1e4)
@@ -90,12 +100,16 @@ class PoolSpec:
     initial: tuple[tuple[str, int], ...] = ()
     price_source: str = ""
     price_date: str = ""
+    profile: str = ""  # a calibrated cluster profile (sim.profile) whose worker types node_types may name
 
     def __post_init__(self) -> None:
         if not self.node_types:
             raise ValueError(f"pool {self.name!r}: node_types must list at least one node type")
+        known = dict(GPUS_PER_NODE)
+        if self.profile:
+            known.update({node.gpu: node.gpus for node in self.load_profile().cluster.nodes})
         for i, nt in enumerate(self.node_types):
-            nt.check(f"pool.node_types[{i}]")
+            nt.check(f"pool.node_types[{i}]", known)
         gpus = [nt.gpu for nt in self.node_types]
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"pool.node_types lists a node type twice: {gpus}")
@@ -118,6 +132,21 @@ class PoolSpec:
             raise ValueError(
                 f"pool.initial must hold at least one GPU in all (a worker count below one): {self.initial}"
             )
+
+    def load_profile(self):
+        """The pool's :class:`sim.profile.ClusterProfile` (``None`` without one); a relative path is
+        read from the launch directory, else from the repository root."""
+        if not self.profile:
+            return None
+        from sim.profile import load_profile  # the profile module imports the simulator's models
+
+        ref = Path(self.profile)
+        if not ref.is_absolute() and not ref.exists() and (_REPO_ROOT / ref).exists():
+            ref = _REPO_ROOT / ref
+        try:
+            return load_profile(ref if ref.exists() else self.profile)
+        except FileNotFoundError as err:
+            raise ValueError(f"pool.profile: {err}") from None
 
     # --- offers and slots ----------------------------------------------------------------------------
     @property
@@ -157,13 +186,20 @@ class PoolSpec:
         return np.array([o.endswith("/spot") for o in self.offers])[self.slot_offer]
 
     def slot_cluster(self) -> ClusterSpec:
-        """Every slot as a worker, offer by offer, on full nodes of the type's instance size."""
+        """Every slot as a worker, offer by offer, on full nodes of the type's instance size (a
+        profile's worker type: on nodes like the profile's)."""
+        profile = self.load_profile()
+        profiled = {node.gpu: node for node in profile.cluster.nodes} if profile is not None else {}
         nodes = []
         for offer in self.offers:
             gpu = offer.split("/")[0]
-            count, per_node = self.capacity(offer), GPUS_PER_NODE[gpu]
+            nt = next(t for t in self.node_types if t.gpu == gpu)
+            like = profiled.get(gpu) if gpu not in GPUS_PER_NODE else None
+            default = like.gpus if like is not None else GPUS_PER_NODE[gpu]
+            count, per_node = self.capacity(offer), nt.per_node or default
             while count > 0:
-                nodes.append(NodeSpec(gpu=gpu, gpus=min(per_node, count)))
+                k = min(per_node, count)
+                nodes.append(replace(like, gpus=k) if like is not None else NodeSpec(gpu=gpu, gpus=k))
                 count -= per_node
         return ClusterSpec(name=f"pool:{self.name}", nodes=tuple(nodes))
 
@@ -186,7 +222,32 @@ def pool_from_dict(data: Mapping[str, Any]) -> PoolSpec:
     if not isinstance(data, Mapping):
         raise ValueError(f"pool must be a mapping, got {type(data).__name__}")
     data = dict(data)
+    measured = data.pop("restart_measured", None)
+    if measured is not None:
+        if "restart_s" in data:
+            raise ValueError("pool: give restart_s or restart_measured (a measured restart file), not both")
+        data["restart_s"] = measured_restart_s(measured)
     initial = data.get("initial")
     if isinstance(initial, Mapping):
         data["initial"] = [[str(k), v] for k, v in initial.items()]
     return spec_from_dict(PoolSpec, data, "pool")
+
+
+def measured_restart_s(path: str | Path) -> float:
+    """The median measured restart time (s) of a ``python -m experiments.elastic_real`` result file
+    (``median_restart_s``); a relative path is read from the launch directory, else the repository.
+
+    Raises:
+        ValueError: no such file, or a file without a positive ``median_restart_s`` (naming the field).
+    """
+    import json
+
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = _REPO_ROOT / p
+    if not p.is_file():
+        raise ValueError(f"pool.restart_measured: no file {str(path)!r} (python -m experiments.elastic_real writes one)")
+    value = json.loads(p.read_text(encoding="utf-8")).get("median_restart_s")
+    if not isinstance(value, int | float) or not 0.0 < float(value) < 1e5:
+        raise ValueError(f"pool.restart_measured: {str(path)!r} has no median_restart_s in (0, 1e5), got {value!r}")
+    return float(value)

@@ -119,9 +119,13 @@ class ElasticClusterEnv(gym.Env):
     scenario="static_hetero", reward="cost", interval=50, action_form="dict",
     batch_mode="delta", batch_action="per_worker", max_decisions=None, time_budget_s=None,
     initial_batch=None, window=4, lr_tolerance=None, lr_exponent=None, sim_kwargs=None,
-    initial_allocation=None)``; ``lr_tolerance`` and ``lr_exponent`` shape the learning-rate response
+    initial_allocation=None, backend=None)``; ``lr_tolerance`` and ``lr_exponent`` shape the learning-rate response
     (:mod:`sim.elastic`; ``None``: as fitted to real training, ``sim/data/lr_response.json``);
-    ``initial_allocation`` (``{offer: GPUs}``) replaces the pool's ``initial``.
+    ``initial_allocation`` (``{offer: GPUs}``) replaces the pool's ``initial``. ``backend``: any
+    elastic backend with the simulated one's calls (``pool``, ``job``, ``spec``, ``run_interval``,
+    ``ideal_throughput``), e.g. real ranks (:class:`adapters.elastic_job.RealElasticBackend`); the
+    observation, actions and rewards are the same code whichever drives it (then the simulator's
+    arguments are unused and ``info`` has no ``elastic_truth``).
 
     ## Version History
     * v0: initial version.
@@ -147,6 +151,7 @@ class ElasticClusterEnv(gym.Env):
         lr_exponent: float | None = None,
         sim_kwargs: dict[str, Any] | None = None,
         initial_allocation: Mapping[str, int] | None = None,
+        backend: Any = None,
     ) -> None:
         super().__init__()
         if action_form not in ACTION_FORMS:
@@ -159,25 +164,30 @@ class ElasticClusterEnv(gym.Env):
             batch_mode = "continuous"  # the box form scales batches continuously
         if action_form == "multidiscrete" and batch_mode == "continuous":
             raise ValueError("action_form='multidiscrete' needs batch_mode='delta'")
-        pool = get_pool(pool)
+        pool = get_pool(backend.pool if backend is not None else pool)
+        if backend is not None and initial_allocation is not None:
+            raise ValueError("initial_allocation is the pool's, not the env's, when a backend is given")
         if initial_allocation is not None:
             if not isinstance(initial_allocation, Mapping):
                 raise ValueError(
                     f"initial_allocation must map offers to GPU counts, got {initial_allocation!r}"
                 )
             pool = pool_from_dict({**spec_to_dict(pool), "initial": dict(initial_allocation)})
-        self.backend = ElasticSimBackend(
-            pool,
-            workload,
-            scenario,
-            initial_batch=initial_batch,
-            time_budget_s=time_budget_s,
-            lr_tolerance=lr_tolerance,
-            lr_exponent=lr_exponent,
-            **(sim_kwargs or {}),
-        )
+        if backend is None:
+            backend = ElasticSimBackend(
+                pool,
+                workload,
+                scenario,
+                initial_batch=initial_batch,
+                time_budget_s=time_budget_s,
+                lr_tolerance=lr_tolerance,
+                lr_exponent=lr_exponent,
+                **(sim_kwargs or {}),
+            )
+        self.backend = backend
         self.job = self.backend.job
-        self._truth = _ElasticTruth(self.job)
+        # The simulator's ground truth, for oracles; a real backend has none.
+        self._truth = _ElasticTruth(self.job) if hasattr(self.job, "truth_for") else None
         self.pool = self.backend.pool
         # The batch env over every slot: its encoder, batch actions and clipping are reused as they are.
         self.batch_env = HeteroClusterEnv(
@@ -381,8 +391,9 @@ class ElasticClusterEnv(gym.Env):
     def _info(self, base: dict, changed: dict, denied: list, terms: dict) -> dict[str, Any]:
         info = dict(base)
         events = [str(e) for e in self.job.new_events()]
+        if self._truth is not None:
+            info["elastic_truth"] = self._truth  # simulation only: for oracles
         info.update(
-            elastic_truth=self._truth,  # simulation only: for oracles
             reward_terms=terms,
             spend_usd=self.job.spend_usd(),
             cost_rate_usd_per_hour=self.job.cost_rate_usd_per_hour(),

@@ -19,6 +19,11 @@ Per iteration, measured on each rank (``adapters.worker``):
     idle_i    = max_j compute_j - compute_i                 # the barrier wait, as in the simulator
     comm      = min_i wait_i                                # the slowest rank's wait: exposed all-reduce
 
+Start-up: a spawned process normally re-imports the parent's ``__main__`` module before it runs its
+target; the ranks need nothing from it (their entry point is :func:`adapters.worker.worker_main`),
+so they are started without it (:func:`_main_not_reimported`): an app that imports the gym, SB3 and
+Hydra otherwise pays their import in every rank at every start and elastic restart.
+
 Failures: a rank that dies (its process exits) or hangs (its peers' collectives time out after
 ``timeout_s``) makes ``run_interval`` raise :class:`WorkerFailure` naming the rank, after every
 worker process has been killed and reaped.
@@ -30,8 +35,10 @@ import logging
 import math
 import multiprocessing as mp
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as mp_wait
@@ -55,6 +62,26 @@ log = logging.getLogger(__name__)
 NUM_CLASSES = 10  # every data set in adapters.data has ten classes
 #: After the first rank reports a failure, how long to wait for the others' last words.
 FAILURE_GRACE_S = 1.0
+
+
+@contextmanager
+def _main_not_reimported(config: RealDDPConfig) -> Iterator[None]:
+    """While it is open, processes spawned here do not re-import the parent's ``__main__`` (its
+    ``__spec__`` and ``__file__`` are hidden from multiprocessing's preparation data); left as it is
+    when the config holds an object defined in ``__main__`` (a rank would need it to unpickle)."""
+    main = sys.modules.get("__main__")
+    if main is None or any(type(v).__module__ == "__main__" for v in vars(config).values()):
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            main.__dict__.pop("__spec__", None)
 
 
 class WorkerFailure(RuntimeError):
@@ -170,6 +197,10 @@ class DDPBackend:
         self._reset_done = True
 
     def _spawn(self, seed: int) -> None:
+        with _main_not_reimported(self.config):
+            self._start_ranks(seed)
+
+    def _start_ranks(self, seed: int) -> None:
         cfg = self.config
         ctx = mp.get_context("spawn")
         self._store = dist.TCPStore(
@@ -331,7 +362,8 @@ class DDPBackend:
             + f" All {len(self._procs)} worker processes were stopped; call reset() to start new ones."
         )
         if op == "start" and dead:
-            # spawn re-imports the main module: an env built above its main guard kills the workers
+            # where the ranks re-import the main module (a config holding one of its objects, see
+            # _main_not_reimported), an env built above its main guard kills them while starting
             message += (
                 " A rank that dies while starting usually means the main script builds the env (or the"
                 ' backend) outside `if __name__ == "__main__":`; the worker\'s traceback above says where.'

@@ -220,7 +220,9 @@ class RealElasticBackend:
         config = replace(config, **overrides, checkpoint_dir=checkpoint_dir or self._tmp)
         self.job = RealElasticJob(self.pool, config)
         n = self.pool.num_slots
-        node_of_worker = tuple(i for i, node in enumerate(self.pool.slot_cluster().nodes) for _ in range(node.gpus))
+        node_of_worker = tuple(
+            i for i, node in enumerate(self.pool.slot_cluster().nodes) for _ in range(node.gpus)
+        )
         full = lambda v: np.full(n, int(v), dtype=np.int64)  # noqa: E731
         self.spec = BackendSpec(
             gpu_types=(worker_type,) * n,
@@ -249,7 +251,9 @@ class RealElasticBackend:
     def run_interval(self, local_batches: np.ndarray, iterations: int) -> IntervalReport:
         b = np.asarray(local_batches, dtype=np.int64)
         if b.shape != (self.pool.num_slots,):
-            raise ValueError(f"local_batches must have one entry per slot ({self.pool.num_slots}), got {b.shape}")
+            raise ValueError(
+                f"local_batches must have one entry per slot ({self.pool.num_slots}), got {b.shape}"
+            )
         held = self.job.held
         report = self.job.run_interval(b, iterations)
         spread: dict[str, np.ndarray] = {}

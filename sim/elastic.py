@@ -107,7 +107,9 @@ def check_deltas(deltas, offers, held: np.ndarray, free: np.ndarray, capacity: n
         out[k] = v
     total = int(held.sum() + out.sum())
     if total < 1:
-        raise ValueError(f"deltas {out.tolist()} leave {total} GPUs: the job needs at least one (worker count)")
+        raise ValueError(
+            f"deltas {out.tolist()} leave {total} GPUs: the job needs at least one (worker count)"
+        )
     return out
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-
 from sim.cluster import GPUS_PER_NODE, ClusterSpec, NodeSpec
 from sim.specs_io import spec_from_dict
 from sim.validation import check_choice, check_int, check_min_max, check_range
@@ -246,8 +245,12 @@ def measured_restart_s(path: str | Path) -> float:
     if not p.is_absolute() and not p.exists():
         p = _REPO_ROOT / p
     if not p.is_file():
-        raise ValueError(f"pool.restart_measured: no file {str(path)!r} (python -m experiments.elastic_real writes one)")
+        raise ValueError(
+            f"pool.restart_measured: no file {str(path)!r} (python -m experiments.elastic_real writes one)"
+        )
     value = json.loads(p.read_text(encoding="utf-8")).get("median_restart_s")
     if not isinstance(value, int | float) or not 0.0 < float(value) < 1e5:
-        raise ValueError(f"pool.restart_measured: {str(path)!r} has no median_restart_s in (0, 1e5), got {value!r}")
+        raise ValueError(
+            f"pool.restart_measured: {str(path)!r} has no median_restart_s in (0, 1e5), got {value!r}"
+        )
     return float(value)

@@ -64,3 +64,17 @@ def run_app(
 ) -> subprocess.CompletedProcess:
     """``python -m module args`` (an entry point with its Hydra overrides): see :func:`run_python`."""
     return run_python(["-m", module, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def ranks_alive() -> list[int]:
+    """Worker ranks (spawned processes; not multiprocessing's resource tracker) still running."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

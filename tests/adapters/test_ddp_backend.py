@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -17,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from support import ROOT, run_python
 
+from adapters.config import RealDDPConfig
 from adapters.data import load_dataset
-from adapters.ddp_backend import DDPBackend, WorkerFailure
+from adapters.ddp_backend import DDPBackend, WorkerFailure, _main_not_reimported
 from adapters.ddp_env import make_real_ddp_env
 from adapters.faults import FaultEmulator
 from adapters.models import build_model
@@ -308,21 +310,34 @@ def test_building_the_env_in_a_worker_that_imports_the_main_module_names_the_gua
 
 
 GUARD_BELOW = """
+print("top level ran", flush=True)
 import gymnasium as gym
 import dynamix_gym  # noqa: F401
 env = gym.make("dynamix/RealDDP-v0", workers=2)
 env.reset(seed=0)
+env.close()
 if __name__ == "__main__":
     pass
 """
 
 
-def test_workers_dying_at_start_because_the_env_sits_above_the_guard_say_so_in_the_parent(tmp_path):
-    """The guard is there but the env is built above it: the parent's error, not only the
-    workers' stderr, points at the main guard."""
+def test_ranks_start_without_re_running_the_main_module(tmp_path):
+    """The ranks are spawned without re-importing the parent's main module: an env built above the
+    guard (which would have them re-run it and die while starting) works, and the script's top
+    level runs once, in the parent only."""
     script = tmp_path / "guard_below.py"
     script.write_text(GUARD_BELOW)
     proc = run_python([script], timeout=180, env={"PYTHONPATH": str(ROOT)})
-    assert proc.returncode != 0
-    assert "failed during 'start'" in proc.stderr, proc.stderr[-2000:]
-    assert 'outside `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("top level ran") == 1, proc.stdout
+
+
+def test_the_main_module_is_hidden_from_spawning_unless_the_config_holds_one_of_its_objects():
+    main = sys.modules["__main__"]
+    before = (main.__dict__.get("__spec__"), main.__dict__.get("__file__"))
+    with _main_not_reimported(RealDDPConfig(workers=1)):
+        assert main.__spec__ is None and "__file__" not in vars(main)
+    assert (main.__dict__.get("__spec__"), main.__dict__.get("__file__")) == before
+    local = type("Local", (), {"__module__": "__main__"})()
+    with _main_not_reimported(RealDDPConfig(workers=1, scenario=local)):
+        assert (main.__dict__.get("__spec__"), main.__dict__.get("__file__")) == before

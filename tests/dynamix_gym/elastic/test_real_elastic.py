@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import psutil
 import pytest
 import torch
+from support import ranks_alive
 
 from adapters import checkpoint as ckpt
 from adapters.config import RealDDPConfig
@@ -27,18 +27,6 @@ def _config(root, **kw) -> RealDDPConfig:
         timeout_s=30,
     )
     return RealDDPConfig(**{**base, **kw})
-
-
-def _ranks_alive() -> list[int]:
-    """Worker ranks (spawned processes; not multiprocessing's resource tracker) still running."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
-                out.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def test_split_keeps_the_global_batch_and_names_the_range():
@@ -105,5 +93,5 @@ def test_one_two_one_ranks_end_at_the_accuracy_of_an_unchanged_run(tmp_path):
     assert [(r["from_ranks"], r["to_ranks"]) for r in restarts] == [(1, 2), (2, 1)]
     assert all(r["restart_s"] > 0 for r in restarts)
     assert elastic["wall_time_s"] >= sum(r["restart_s"] for r in restarts)
-    assert not _ranks_alive()  # every rank of every group was reaped
+    assert not ranks_alive()  # every rank of every group was reaped
     assert np.isfinite(elastic["accuracy"]).all()

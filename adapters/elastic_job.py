@@ -10,12 +10,20 @@ slots, offers and prices here. Every slot the job holds is one rank, in slot ord
 held set re-forms the group from the last checkpoint (:meth:`ElasticDDPBackend.resize`, measured);
 the spend is every held slot's price over the job's wall clock, restarts included (the job pays
 for the GPUs it holds while it re-forms, as the simulated job does); the learning-rate multiplier
-scales the lr rule's learning rate on every rank. Real ranks are not preempted by a random draw:
-the host's own failures are the faults, so a pool with spot preemptions is refused.
+scales the lr rule's learning rate on every rank.
+
+Spot preemptions are emulated on the job's wall clock from the pool's ``preemption`` spec, with the
+simulated job's rules (:class:`SpotPreemptions`): per spot slot, candidate times ~ Poisson(rate); a
+held slot at a candidate time gets a notice, is lost ``notice_s`` later and is available again
+after U(``unavailable_s``). The job checks the clock at every interval boundary: a notice shows in
+the next observation, and a rank whose loss time has passed leaves the group at that boundary (at
+most one interval late), re-forming it from a fresh checkpoint as a job that uses its notice to
+checkpoint would; a release during the notice avoids that forced restart, as in simulation.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import shutil
@@ -42,24 +50,62 @@ def pool_worker_type(pool: PoolSpec) -> str:
     """The one worker type of ``pool``'s slots (real ranks of one machine are alike).
 
     Raises:
-        ValueError: a pool with spot preemptions or with slots of more than one type.
+        ValueError: a pool with slots of more than one type.
     """
-    if pool.preemption.rate_per_hour > 0:
-        raise ValueError(
-            f"pool.preemption.rate_per_hour is {pool.preemption.rate_per_hour}: real ranks are not "
-            "preempted by a draw; allowed value 0 (the host's own failures are the faults)"
-        )
     types = sorted({o.split("/")[0] for o in pool.offers if pool.capacity(o) > 0})
     if len(types) != 1:
         raise ValueError(f"pool.node_types: real ranks of one machine are one worker type, got {types}")
     return types[0]
 
 
+class SpotPreemptions:
+    """The preemptions of ``pool``'s spot slots on a job's clock, drawn from ``rng`` by the rules of
+    :class:`sim.elastic.ElasticJob` (per slot: wait ~ Exp(3600 / rate_per_hour) s; at that candidate
+    time a held, available slot gets a notice, is lost ``notice_s`` later and returns after
+    U(``unavailable_s``); a candidate that finds the slot not held draws the next one).
+
+    :meth:`advance` moves the clock to ``now`` and returns what happened, in time order, as
+    ``(time_s, kind, slot)`` with kind ``notice``, ``loss`` or ``available``; ``held(slot)`` says
+    whether the job held the slot (a notice or a loss of a slot not held is not an event).
+    """
+
+    def __init__(self, pool: PoolSpec, rng: np.random.Generator) -> None:
+        self.spec = pool.preemption
+        self._rng = rng
+        self._queue: list[tuple[float, int, str]] = []
+        if self.spec.rate_per_hour > 0:
+            for slot in np.flatnonzero(pool.slot_is_spot):
+                heapq.heappush(self._queue, (self._wait(), int(slot), "candidate"))
+
+    def _wait(self) -> float:
+        return float(self._rng.exponential(3600.0 / self.spec.rate_per_hour))
+
+    def advance(self, now: float, held) -> list[tuple[float, str, int]]:
+        out: list[tuple[float, str, int]] = []
+        lo, hi = self.spec.unavailable_s
+        while self._queue and self._queue[0][0] <= now:
+            t, slot, phase = heapq.heappop(self._queue)
+            if phase == "candidate":
+                away = lo if lo == hi else float(self._rng.uniform(lo, hi))
+                if held(slot):
+                    out.append((t, "notice", slot))
+                    heapq.heappush(self._queue, (t + self.spec.notice_s, slot, f"loss:{away!r}"))
+                else:
+                    heapq.heappush(self._queue, (t + self._wait(), slot, "candidate"))
+            elif phase.startswith("loss:"):
+                out.append((t, "loss", slot))
+                heapq.heappush(self._queue, (t + float(phase[5:]), slot, "available"))
+            else:
+                out.append((t, "available", slot))
+                heapq.heappush(self._queue, (t + self._wait(), slot, "candidate"))
+        return out
+
+
 class RealElasticJob:
     """A job holding some of ``pool``'s slots as real ranks (the interface of :class:`ElasticJob`).
 
     Args:
-        pool: the pool (no spot preemptions, one worker type).
+        pool: the pool (one worker type; spot preemptions emulated, see the module docstring).
         config: the ranks' :class:`RealDDPConfig` (``workers`` is set from the held slots; scalar
             ``min_batch`` / ``max_batch``); ``checkpoint_dir`` holds one folder per episode.
     """
@@ -95,7 +141,13 @@ class RealElasticJob:
         self._episodes += 1
         cfg = replace(self.config, workers=int(self._held.sum()), checkpoint_dir=str(folder), resume=False)
         self.backend = ElasticDDPBackend(cfg, max_workers=self.num_slots)
-        self.backend.reset(seed, rng=rng)
+        if rng is None:
+            rng = np.random.default_rng(seed)
+        pre_rng, run_rng = rng.spawn(2)  # preemptions from their own stream, as in simulation
+        self.backend.reset(rng=run_rng)
+        self._preemptions = SpotPreemptions(self.pool, pre_rng)
+        self.available[:] = True
+        self.noticed[:] = False
         self._held_since = np.where(self._held, 0.0, math.nan)
         self._spent = 0.0
         self.lr_multiplier = 1.0
@@ -123,7 +175,7 @@ class RealElasticJob:
         return np.bincount(self.slot_offer[self.available & ~self._held], minlength=len(self.offers))
 
     def noticed_counts(self) -> np.ndarray:
-        return np.zeros(len(self.offers), dtype=np.int64)
+        return np.bincount(self.slot_offer[self.noticed & self._held], minlength=len(self.offers))
 
     def spend_usd(self) -> float:
         now, held = self.now_s(), self._held
@@ -151,8 +203,8 @@ class RealElasticJob:
         now = self.now_s()
         backend.resize(int(mask.sum()))  # raises before anything below changes
         for s in removed:
-            self._spent += float(self.slot_price[s] * (now - self._held_since[s]) / 3600.0)
-            self._held_since[s] = math.nan
+            self._bill(s, now)
+            self.noticed[s] = False
             self.log.append(PoolEvent(now, "release", s, self.offers[self.slot_offer[s]]))
         for s in added:
             self._held_since[s] = now
@@ -169,8 +221,58 @@ class RealElasticJob:
     def run_interval(self, local_batches, iterations: int) -> IntervalReport:
         """``iterations`` iterations of the held ranks at their slots' entries of ``local_batches``;
         the report covers the ranks only (:class:`RealElasticBackend` spreads it over the slots)."""
+        self.poll()
         b = np.asarray(local_batches, dtype=np.int64)
-        return self._live().run_interval(b[self._held], iterations)
+        report = self._live().run_interval(b[self._held], iterations)
+        self.poll()  # notices during the interval show in the next observation
+        return report
+
+    def poll(self) -> None:
+        """Apply the preemptions due by now: notices, losses (the group re-formed without the lost
+        ranks; the cheapest free on-demand slot replaces the last one) and capacity coming back."""
+        backend = self._live()
+        for _ in range(self.num_slots + 1):  # a forced restart takes time: events may fall due in it
+            events = self._preemptions.advance(self.now_s(), lambda s: bool(self._held[s]))
+            if not events:
+                return
+            mask = self._held.copy()
+            for t, kind, s in events:
+                offer = self.offers[self.slot_offer[s]]
+                if kind == "notice":
+                    self.noticed[s] = True
+                    self.log.append(PoolEvent(t, "notice", s, offer))
+                elif kind == "available":
+                    self.available[s] = True
+                    self.log.append(PoolEvent(t, "available", s, offer))
+                else:
+                    self.noticed[s] = False
+                    self.available[s] = False
+                    if mask[s]:
+                        self._bill(s, t)
+                        mask[s] = False
+                        self.log.append(PoolEvent(t, "preempt", s, offer))
+            if mask.sum() == 0:
+                mask[self._replacement(mask)] = True
+            if not np.array_equal(mask, self._held):
+                backend.resize(int(mask.sum()))
+                self._held = mask
+                self.restarts += 1
+
+    def _replacement(self, mask: np.ndarray) -> int:
+        free = np.flatnonzero(self.available & ~mask & ~self.slot_spot)
+        if free.size == 0:
+            free = np.flatnonzero(self.available & ~mask)
+        if free.size == 0:
+            raise RuntimeError("every slot of the pool is preempted or unavailable: the job cannot continue")
+        s = int(free[np.argmin(self.slot_price[free])])
+        now = self.now_s()
+        self._held_since[s] = now
+        self.log.append(PoolEvent(now, "replace", s, self.offers[self.slot_offer[s]]))
+        return s
+
+    def _bill(self, slot: int, t: float) -> None:
+        self._spent += float(self.slot_price[slot] * (t - self._held_since[slot]) / 3600.0)
+        self._held_since[slot] = math.nan
 
     def new_events(self) -> list[PoolEvent]:
         out = self.log[self._log_cursor :]

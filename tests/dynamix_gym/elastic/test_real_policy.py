@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support import ranks_alive
 
-from adapters.elastic_job import RealElasticBackend
+from adapters.elastic_job import RealElasticBackend, SpotPreemptions
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
 from sim.cluster import ProfiledNodeSpec
@@ -71,37 +71,58 @@ def test_the_simulated_cpu_pool_trains_the_profiles_workload():
     assert "elastic_truth" in info
 
 
-@pytest.mark.parametrize(
-    ("change", "match"),
-    [
-        ({"preemption": {"rate_per_hour": 1.0}}, r"pool\.preemption\.rate_per_hour"),
-        (
-            {
-                "node_types": [
-                    {
-                        "gpu": "cpu",
-                        "on_demand": 1,
-                        "spot": 0,
-                        "on_demand_usd_per_gpu_hour": 0.05,
-                        "spot_usd_per_gpu_hour": 0.01,
-                    },
-                    {
-                        "gpu": "T4",
-                        "on_demand": 1,
-                        "spot": 0,
-                        "on_demand_usd_per_gpu_hour": 0.35,
-                        "spot_usd_per_gpu_hour": 0.11,
-                    },
-                ]
-            },
-            r"pool\.node_types: real ranks of one machine are one worker type",
-        ),
-    ],
-)
-def test_the_real_backend_refuses_pools_it_cannot_run(change, match):
-    with pytest.raises(ValueError, match=match):
-        RealElasticBackend(pool_from_dict(_cpu_pool(**change)))
+def test_the_real_backend_refuses_a_pool_of_two_worker_types():
+    two = [
+        {
+            "gpu": "cpu",
+            "on_demand": 1,
+            "spot": 0,
+            "on_demand_usd_per_gpu_hour": 0.05,
+            "spot_usd_per_gpu_hour": 0.01,
+        },
+        {
+            "gpu": "T4",
+            "on_demand": 1,
+            "spot": 0,
+            "on_demand_usd_per_gpu_hour": 0.35,
+            "spot_usd_per_gpu_hour": 0.11,
+        },
+    ]
+    with pytest.raises(ValueError, match=r"pool\.node_types: real ranks of one machine are one worker type"):
+        RealElasticBackend(pool_from_dict(_cpu_pool(node_types=two)))
     assert not ranks_alive()
+
+
+def _spot_pool(rate=3600.0, notice=0.5, away=(2.0, 2.0), **over):
+    node = {
+        "gpu": "cpu",
+        "on_demand": 1,
+        "spot": 1,
+        "on_demand_usd_per_gpu_hour": 0.0475,
+        "spot_usd_per_gpu_hour": 0.01,
+    }
+    preemption = {"rate_per_hour": rate, "notice_s": notice, "unavailable_s": list(away)}
+    return pool_from_dict(_cpu_pool(node_types=[node], preemption=preemption, **over))
+
+
+def test_emulated_preemptions_follow_the_simulated_rules():
+    pool = _spot_pool()
+    (spot,) = np.flatnonzero(pool.slot_is_spot)
+    clock = SpotPreemptions(pool, np.random.default_rng(0))
+    events = clock.advance(36000.0, lambda s: True)
+    assert {s for _, _, s in events} == {spot} and [t for t, _, _ in events] == sorted(
+        t for t, _, _ in events
+    )
+    kinds = [k for _, k, _ in events]
+    assert kinds[:3] == ["notice", "loss", "available"] and kinds[3:6] == kinds[:3]
+    notices = [t for t, k, _ in events if k == "notice"]
+    losses = [t for t, k, _ in events if k == "loss"]
+    assert np.allclose(np.array(losses) - np.array(notices[: len(losses)]), 0.5)
+    # one cycle: a mean wait of 1 s (3600 per hour), the 0.5 s notice, 2 s away
+    assert len(notices) == pytest.approx(36000 / 3.5, rel=0.05)
+    never = SpotPreemptions(pool, np.random.default_rng(0))
+    assert never.advance(36000.0, lambda s: False) == []  # a slot the job does not hold is not preempted
+    assert SpotPreemptions(_spot_pool(rate=0.0), np.random.default_rng(0)).advance(1e6, lambda s: True) == []
 
 
 @pytest.mark.slow
@@ -133,4 +154,28 @@ def test_the_env_drives_real_ranks_through_a_policys_worker_count_change():
         env.job.change(np.array([1, 0]))
     env.close()
     sim_env.close()
+    assert not ranks_alive()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_spot_rank_is_preempted_after_its_notice_and_the_group_re_forms_without_it():
+    pool = _spot_pool(rate=3600.0, notice=0.2, away=(30.0, 30.0), initial={"cpu/on_demand": 1, "cpu/spot": 1})
+    env = ElasticClusterEnv(
+        backend=RealElasticBackend(pool, time_budget_s=60, target_accuracy=0.97),
+        interval=20,
+        batch_action="none",
+    )
+    _, info = env.reset(seed=0)
+    keep = {"workers": np.array([2, 2]), "lr": np.array([1.0])}
+    events, held_spot, done = [], [], False
+    while not done:
+        _, _, terminated, truncated, info = env.step(keep)
+        events += info["pool_events"]
+        held_spot.append(info["held_counts"]["cpu/spot"])
+        done = terminated or truncated
+    assert any(" notice " in e for e in events) and any(" preempt " in e for e in events), events
+    assert 0 in held_spot and info["restarts"] >= 1 and len(env.job.restart_times_s) == info["restarts"]
+    assert info["free_counts"]["cpu/spot"] == 0  # away for 30 s: not back within the run
+    env.close()
     assert not ranks_alive()

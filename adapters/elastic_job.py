@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import shutil
 import tempfile
 from dataclasses import replace
@@ -37,7 +36,7 @@ import numpy as np
 from adapters.config import RealDDPConfig
 from adapters.elastic import ElasticDDPBackend
 from dynamix_gym.elastic.pools import get_pool
-from sim.elastic import LR_RANGE, PoolEvent, check_deltas, initial_held, pick_slots
+from sim.elastic import LR_RANGE, PoolEvent, PoolLedger, check_deltas, initial_held, pick_slots
 from sim.engine import Simulator
 from sim.pool import PoolSpec
 from sim.protocol import WORKER_FIELDS, BackendSpec, IntervalReport
@@ -101,7 +100,7 @@ class SpotPreemptions:
         return out
 
 
-class RealElasticJob:
+class RealElasticJob(PoolLedger):
     """A job holding some of ``pool``'s slots as real ranks (the interface of :class:`ElasticJob`).
 
     Args:
@@ -114,16 +113,8 @@ class RealElasticJob:
         self.worker_type = pool_worker_type(pool)
         if not config.checkpoint_dir:
             raise ValueError("RealElasticJob needs config.checkpoint_dir (restarts resume from it)")
-        self.pool, self.config = pool, config
-        self.offers = pool.offers
-        self.slot_offer = pool.slot_offer
-        self.slot_price = pool.slot_price_usd_per_hour
-        self.slot_spot = pool.slot_is_spot
-        self.capacity = np.array([pool.capacity(o) for o in self.offers], dtype=np.int64)
-        self.offer_price = np.array([pool.price(o) for o in self.offers])
-        n = pool.num_slots
-        self.available = np.ones(n, dtype=bool)
-        self.noticed = np.zeros(n, dtype=bool)
+        self.config = config
+        self._init_pool(pool)
         self.backend: ElasticDDPBackend | None = None
         self._episodes = 0
         self._held = initial_held(pool)
@@ -146,14 +137,8 @@ class RealElasticJob:
         pre_rng, run_rng = rng.spawn(2)  # preemptions from their own stream, as in simulation
         self.backend.reset(rng=run_rng)
         self._preemptions = SpotPreemptions(self.pool, pre_rng)
-        self.available[:] = True
-        self.noticed[:] = False
-        self._held_since = np.where(self._held, 0.0, math.nan)
-        self._spent = 0.0
+        self._open_ledger(self._held)
         self.lr_multiplier = 1.0
-        self.log: list[PoolEvent] = []
-        self._log_cursor = 0
-        self.restarts = 0
 
     def close(self) -> None:
         if self.backend is not None:
@@ -167,22 +152,6 @@ class RealElasticJob:
 
     def now_s(self) -> float:
         return float(self._live().inner.wall_time_s())
-
-    def held_counts(self) -> np.ndarray:
-        return np.bincount(self.slot_offer[self._held], minlength=len(self.offers))
-
-    def free_counts(self) -> np.ndarray:
-        return np.bincount(self.slot_offer[self.available & ~self._held], minlength=len(self.offers))
-
-    def noticed_counts(self) -> np.ndarray:
-        return np.bincount(self.slot_offer[self.noticed & self._held], minlength=len(self.offers))
-
-    def spend_usd(self) -> float:
-        now, held = self.now_s(), self._held
-        return self._spent + float(np.sum(self.slot_price[held] * (now - self._held_since[held])) / 3600.0)
-
-    def cost_rate_usd_per_hour(self) -> float:
-        return float(self.slot_price[self._held].sum())
 
     # --- decisions -----------------------------------------------------------------------------------
     def change(self, deltas) -> dict[str, list]:
@@ -252,32 +221,11 @@ class RealElasticJob:
                         mask[s] = False
                         self.log.append(PoolEvent(t, "preempt", s, offer))
             if mask.sum() == 0:
-                mask[self._replacement(mask)] = True
+                mask[self._replacement(mask, self.now_s())] = True
             if not np.array_equal(mask, self._held):
                 backend.resize(int(mask.sum()))
                 self._held = mask
                 self.restarts += 1
-
-    def _replacement(self, mask: np.ndarray) -> int:
-        free = np.flatnonzero(self.available & ~mask & ~self.slot_spot)
-        if free.size == 0:
-            free = np.flatnonzero(self.available & ~mask)
-        if free.size == 0:
-            raise RuntimeError("every slot of the pool is preempted or unavailable: the job cannot continue")
-        s = int(free[np.argmin(self.slot_price[free])])
-        now = self.now_s()
-        self._held_since[s] = now
-        self.log.append(PoolEvent(now, "replace", s, self.offers[self.slot_offer[s]]))
-        return s
-
-    def _bill(self, slot: int, t: float) -> None:
-        self._spent += float(self.slot_price[slot] * (t - self._held_since[slot]) / 3600.0)
-        self._held_since[slot] = math.nan
-
-    def new_events(self) -> list[PoolEvent]:
-        out = self.log[self._log_cursor :]
-        self._log_cursor = len(self.log)
-        return out
 
     @property
     def restart_times_s(self) -> list[float]:

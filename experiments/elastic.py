@@ -18,6 +18,8 @@ import csv
 import io
 import logging
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,26 @@ def _controller(
     return make_elastic_controller(kind, lr_multiplier=lr, **spec.get("params", {})), kw
 
 
+def controllers(specs: list[dict[str, Any]], env_kwargs: dict[str, Any], lr_multiplier: float = 1.0):
+    """(entry, controller, env kwargs) of every entry of ``specs`` (see :func:`_controller`); a learned
+    entry whose bundle is missing is skipped with a warning."""
+    for spec in specs:
+        if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
+            log.warning("skipping %s: no bundle at %s", spec["name"], spec["bundle"])
+            continue
+        yield (spec, *_controller(spec, env_kwargs, lr_multiplier))
+
+
+def host_record(load_start: list[float]) -> dict[str, Any]:
+    """The host a real measurement ran on: cores, the load average at its start and end, the time."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     def mean(key: str) -> float:
         return float(np.mean([r[key] for r in rows]))
@@ -111,12 +133,8 @@ def run(cfg: DictConfig) -> float:
     table, episodes, timelines = [], [], []
     fastest_fixed: dict[int, float] = {}
     baseline_lr = float(raw.get("baseline_lr_multiplier", 1.0))  # every baseline's constant multiplier
-    for spec in raw["controllers"]:
+    for spec, ctl, kw in controllers(raw["controllers"], env_kwargs, baseline_lr):
         name = spec["name"]
-        if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
-            log.warning("skipping %s: no bundle at %s", name, spec["bundle"])
-            continue
-        ctl, kw = _controller(spec, env_kwargs, baseline_lr)
         rows = []
         for seed in seeds:
             r = run_elastic_episode(ElasticClusterEnv(**kw), ctl, seed)

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from adapters.elastic_job import RealElasticBackend
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
-from experiments.elastic import _controller
+from experiments.elastic import controllers, host_record
 from sim.datafiles import atomic_write_text
 from sim.pool import pool_from_dict
 from sim.specs_io import spec_to_dict
@@ -102,12 +101,8 @@ def run(cfg: DictConfig) -> float:
     load_start = [round(x, 2) for x in os.getloadavg()]
     table, episodes = [], []
     first_learned = math.nan
-    for spec in raw["controllers"]:
+    for spec, ctl, kw in controllers(raw["controllers"], env_kwargs, baseline_lr):
         name = spec["name"]
-        if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
-            log.warning("skipping %s: no bundle at %s", name, spec["bundle"])
-            continue
-        ctl, kw = _controller(spec, env_kwargs, baseline_lr)
         sim_rows = [run_elastic_episode(ElasticClusterEnv(**kw), ctl, int(s)) for s in raw["sim_seeds"]]
         real_rows = []
         for seed in raw["real_seeds"]:
@@ -163,12 +158,7 @@ def run(cfg: DictConfig) -> float:
         "pool": env_kwargs["pool"],
         "sim_seeds": raw["sim_seeds"],
         "real_seeds": raw["real_seeds"],
-        "host": {
-            "cpu_count": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
+        "host": host_record(load_start),
         "table": table,
     }
     _write(out, table, episodes, summary)

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import hydra
@@ -25,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adapters.config import RealDDPConfig
 from adapters.elastic import run_schedule
+from experiments.elastic import host_record
 from sim.datafiles import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,7 @@ def run(cfg: DictConfig) -> float:
         "restart_s": restarts,
         "median_restart_s": float(np.median(restarts)) if restarts else 0.0,
         "backend": raw["backend"],
-        "host": {
-            "cpu_count": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
+        "host": host_record(load_start),
     }
     out = Path(to_absolute_path(raw["out"]))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,76 @@ def pick_slots(
     return added, removed
 
 
-class ElasticJob:
+class PoolLedger:
+    """What a job on a pool holds, owes and has logged: the part of a job's interface that the
+    simulated job (:class:`ElasticJob`) and the real one (``adapters.elastic_job.RealElasticJob``)
+    share. A subclass provides ``held`` (a (slots,) mask) and ``now_s()`` (its clock, in seconds)."""
+
+    def _init_pool(self, pool: PoolSpec) -> None:
+        self.pool = pool
+        self.offers = pool.offers
+        self.slot_offer = pool.slot_offer
+        self.slot_price = pool.slot_price_usd_per_hour
+        self.slot_spot = pool.slot_is_spot
+        self.capacity = np.array([pool.capacity(o) for o in self.offers], dtype=np.int64)
+        self.offer_price = np.array([pool.price(o) for o in self.offers])
+
+    def _open_ledger(self, held: np.ndarray) -> None:
+        """A fresh run holding ``held`` from time zero: no spend, no events, every slot available."""
+        n = self.pool.num_slots
+        self.available = np.ones(n, dtype=bool)  # capacity not lost to a preemption
+        self.noticed = np.zeros(n, dtype=bool)
+        self._held_since = np.where(held, 0.0, math.nan)
+        self._spent = 0.0
+        self.log: list[PoolEvent] = []
+        self._log_cursor = 0
+        self.restarts = 0
+
+    def held_counts(self) -> np.ndarray:
+        """(offers,) GPUs held of each offer."""
+        return np.bincount(self.slot_offer[self.held], minlength=len(self.offers))
+
+    def free_counts(self) -> np.ndarray:
+        """(offers,) GPUs of each offer that could be requested now."""
+        free = self.available & ~self.held
+        return np.bincount(self.slot_offer[free], minlength=len(self.offers))
+
+    def noticed_counts(self) -> np.ndarray:
+        return np.bincount(self.slot_offer[self.noticed & self.held], minlength=len(self.offers))
+
+    def spend_usd(self) -> float:
+        """Dollars spent up to now."""
+        now, held = self.now_s(), self.held
+        running = float(np.sum(self.slot_price[held] * (now - self._held_since[held])) / 3600.0)
+        return self._spent + running
+
+    def cost_rate_usd_per_hour(self) -> float:
+        return float(self.slot_price[self.held].sum())
+
+    def new_events(self) -> list[PoolEvent]:
+        out = self.log[self._log_cursor :]
+        self._log_cursor = len(self.log)
+        return out
+
+    def _bill(self, slot: int, now: float) -> None:
+        self._spent += float(self.slot_price[slot] * (now - self._held_since[slot]) / 3600.0)
+        self._held_since[slot] = math.nan
+
+    def _replacement(self, mask: np.ndarray, now: float) -> int:
+        """The slot that replaces the last one lost at ``now`` (the job never runs on zero GPUs): the
+        cheapest free on-demand one, else the cheapest free one; held and billed from ``now``."""
+        free = np.flatnonzero(self.available & ~mask & ~self.slot_spot)
+        if free.size == 0:
+            free = np.flatnonzero(self.available & ~mask)
+        if free.size == 0:
+            raise RuntimeError("every GPU of the pool is preempted or unavailable: the job cannot continue")
+        s = int(free[np.argmin(self.slot_price[free])])
+        self._held_since[s] = now
+        self.log.append(PoolEvent(now, "replace", s, self.offers[self.slot_offer[s]]))
+        return s
+
+
+class ElasticJob(PoolLedger):
     """Data-parallel training of ``workload`` on GPUs rented from ``pool``.
 
     Args:
@@ -152,16 +221,10 @@ class ElasticJob:
         lr_exponent: float | None = None,
         **sim_kwargs,
     ) -> None:
-        self.pool = pool
+        self._init_pool(pool)
         if pool.profile and "profile" not in sim_kwargs:
             sim_kwargs["profile"] = pool.load_profile()  # its worker types' models, its workload
         self.sim = Simulator(pool.slot_cluster(), workload, scenario, **sim_kwargs)
-        self.offers = pool.offers
-        self.slot_offer = pool.slot_offer
-        self.slot_price = pool.slot_price_usd_per_hour
-        self.slot_spot = pool.slot_is_spot
-        self.capacity = np.array([pool.capacity(o) for o in self.offers], dtype=np.int64)
-        self.offer_price = np.array([pool.price(o) for o in self.offers])
         fitted = fitted_lr_response() if lr_tolerance is None or lr_exponent is None else (None, None)
         self.lr_tolerance = check_range(
             "lr_tolerance", fitted[0] if lr_tolerance is None else lr_tolerance, 1e-3, 10.0
@@ -183,21 +246,13 @@ class ElasticJob:
             rng = np.random.default_rng(seed)
         pre_rng, sim_rng = rng.spawn(2)
         self.sim.reset(rng=sim_rng)
-        n = self.num_slots
         self._rng = pre_rng
-        self.available = np.ones(n, dtype=bool)  # capacity not lost to a preemption
-        self.noticed = np.zeros(n, dtype=bool)
-        self._held_since = np.full(n, math.nan)
-        self._spent = 0.0
         self.lr_multiplier = 1.0
         self.sim.progress_scale = lr_progress_gain(1.0, self.lr_tolerance, self.lr_exponent)
-        self.log: list[PoolEvent] = []
-        self._log_cursor = 0
-        self.restarts = 0
         held = initial_held(self.pool)
+        self._open_ledger(held)
         # The first group forms at t = 0 without a restart.
         self.sim.set_workers(held, 0.0)
-        self._held_since[held] = 0.0
         if self.pool.preemption.rate_per_hour > 0:
             for slot in np.flatnonzero(self.slot_spot):
                 self.sim.start_process(self._preemptions(int(slot)))
@@ -211,27 +266,8 @@ class ElasticJob:
     def held(self) -> np.ndarray:
         return self.sim.held
 
-    def held_counts(self) -> np.ndarray:
-        """(offers,) GPUs held of each offer."""
-        return np.bincount(self.slot_offer[self.held], minlength=len(self.offers))
-
-    def free_counts(self) -> np.ndarray:
-        """(offers,) GPUs of each offer that could be requested now."""
-        free = self.available & ~self.held
-        return np.bincount(self.slot_offer[free], minlength=len(self.offers))
-
-    def noticed_counts(self) -> np.ndarray:
-        return np.bincount(self.slot_offer[self.noticed & self.held], minlength=len(self.offers))
-
-    def spend_usd(self) -> float:
-        """Dollars spent up to now."""
-        now = self.sim.now_s
-        held = self.held
-        running = float(np.sum(self.slot_price[held] * (now - self._held_since[held])) / 3600.0)
-        return self._spent + running
-
-    def cost_rate_usd_per_hour(self) -> float:
-        return float(self.slot_price[self.held].sum())
+    def now_s(self) -> float:
+        return self.sim.now_s
 
     # --- decisions -----------------------------------------------------------------------------------
     def change(self, deltas) -> dict[str, list]:
@@ -289,19 +325,10 @@ class ElasticJob:
         rate = sim.convergence.progress_per_step(gb, p) * sim.progress_scale / it
         return {"iteration_time_s": it, "progress_per_s": rate, "global_batch": gb}
 
-    def new_events(self) -> list[PoolEvent]:
-        out = self.log[self._log_cursor :]
-        self._log_cursor = len(self.log)
-        return out
-
     # --- internals -----------------------------------------------------------------------------------
     def _require_reset(self) -> None:
         if not self._reset_done:
             raise RuntimeError("ElasticJob.reset() must be called first")
-
-    def _bill(self, slot: int, now: float) -> None:
-        self._spent += float(self.slot_price[slot] * (now - self._held_since[slot]) / 3600.0)
-        self._held_since[slot] = math.nan
 
     def _preemptions(self, slot: int) -> Iterator:
         spec = self.pool.preemption
@@ -326,22 +353,10 @@ class ElasticJob:
                 self.log.append(PoolEvent(env.now, "preempt", slot, offer))
                 if not mask.any():
                     # The job never runs on zero GPUs: the cheapest free on-demand GPU replaces it.
-                    mask[self._replacement(mask)] = True
+                    mask[self._replacement(mask, env.now)] = True
                 state.set_held(mask)
                 state.pending_delay_s += self.pool.restart_s
                 self.restarts += 1
             yield env.timeout(away)
             self.available[slot] = True
             self.log.append(PoolEvent(env.now, "available", slot, offer))
-
-    def _replacement(self, mask: np.ndarray) -> int:
-        env = self.sim.clock
-        free = np.flatnonzero(self.available & ~mask & ~self.slot_spot)
-        if free.size == 0:
-            free = np.flatnonzero(self.available & ~mask)
-        if free.size == 0:
-            raise RuntimeError("every GPU of the pool is preempted or unavailable: the job cannot continue")
-        s = int(free[np.argmin(self.slot_price[free])])
-        self._held_since[s] = env.now
-        self.log.append(PoolEvent(env.now, "replace", s, self.offers[self.slot_offer[s]]))
-        return s

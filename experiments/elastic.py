@@ -179,10 +179,17 @@ def _write(out: Path, table, episodes, timelines) -> None:
     if timelines:
         cols = sorted({k for t in timelines for k in t}, key=lambda k: (k != "controller", k))
         atomic_write_text(out / "timeline.csv", _csv(timelines, cols))
-        _plot(out / "workers_spend.png", timelines)
+        plot_workers_spend(out / "workers_spend.png", timelines)
 
 
-def _plot(path: Path, timelines: list[dict[str, Any]]) -> None:
+def plot_workers_spend(
+    path: Path,
+    timelines: list[dict[str, Any]],
+    title: str = "seed 0 (held out): GPUs held and dollars spent",
+    seconds_per_unit: float = 60.0,
+    unit: str = "min",
+    ylabel: str = "GPUs held",
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,14 +199,14 @@ def _plot(path: Path, timelines: list[dict[str, Any]]) -> None:
     styles = ("-", "--", ":", "-.")
     for i, name in enumerate(dict.fromkeys(t["controller"] for t in timelines)):
         rows = [t for t in timelines if t["controller"] == name]
-        x = [r["wall_time_s"] / 60 for r in rows]
+        x = [r["wall_time_s"] / seconds_per_unit for r in rows]
         ls, lw = styles[i % len(styles)], 2.5 - 0.5 * (i % 3)
         ax1.step(x, [r["gpus"] for r in rows], where="post", label=name, linestyle=ls, linewidth=lw)
         ax2.plot(x, [r["spend_usd"] for r in rows], label=name, linestyle=ls, linewidth=lw)
-    ax1.set_ylabel("GPUs held")
-    ax1.set_title("seed 0 (held out): GPUs held and dollars spent")
+    ax1.set_ylabel(ylabel)
+    ax1.set_title(title)
     ax2.set_ylabel("spend ($)")
-    ax2.set_xlabel("wall time (min)")
+    ax2.set_xlabel(f"wall time ({unit})")
     ax1.legend(fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")

@@ -10,7 +10,8 @@ profile) and on ``real_seeds`` on real gloo ranks (``adapters.elastic_job.RealEl
 a change of the worker count re-forms the process group from the checkpoint and the restart is
 measured. Writes ``table.csv`` / ``table.md`` (per controller: mean time and dollars to accuracy in
 each, the real median, restarts and their measured seconds, real / sim time), ``episodes.csv`` and
-``summary.json`` (host load, the commands). Returns the first learned controller's real mean time to
+``summary.json`` (host load), and for ``plot_controllers`` the ranks held and the spend over the
+first real seed (``timeline.csv``, ``workers_spend.png``). Returns the first learned controller's real mean time to
 accuracy (``nan`` without one).
 """
 
@@ -35,7 +36,7 @@ from adapters.elastic_job import RealElasticBackend
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
-from experiments.elastic import controllers, host_record
+from experiments.elastic import controllers, host_record, plot_workers_spend
 from sim.datafiles import atomic_write_text
 from sim.pool import pool_from_dict
 from sim.specs_io import spec_to_dict
@@ -99,7 +100,7 @@ def run(cfg: DictConfig) -> float:
     real = dict(raw.get("real") or {})
     baseline_lr = float(raw.get("baseline_lr_multiplier", 1.0))
     load_start = [round(x, 2) for x in os.getloadavg()]
-    table, episodes = [], []
+    table, episodes, timelines = [], [], []
     first_learned = math.nan
     for spec, ctl, kw in controllers(raw["controllers"], env_kwargs, baseline_lr):
         name = spec["name"]
@@ -126,6 +127,8 @@ def run(cfg: DictConfig) -> float:
                 r["dollars_to_accuracy"],
                 r.get("restart_s"),
             )
+        if name in raw.get("plot_controllers", []) and real_rows and "history" in real_rows[0]:
+            timelines += [{"controller": name, **h} for h in real_rows[0]["history"]]
         episodes += [
             _episode_row(name, "sim", int(s), r) for s, r in zip(raw["sim_seeds"], sim_rows, strict=True)
         ]
@@ -162,6 +165,13 @@ def run(cfg: DictConfig) -> float:
         "table": table,
     }
     _write(out, table, episodes, summary)
+    if timelines:
+        cols = list(dict.fromkeys(k for t in timelines for k in t))
+        atomic_write_text(out / "timeline.csv", _csv(timelines, cols))
+        title = f"real ranks, seed {raw['real_seeds'][0]}: ranks held and dollars spent"
+        plot_workers_spend(
+            out / "workers_spend.png", timelines, title, seconds_per_unit=1.0, unit="s", ylabel="ranks held"
+        )
     return first_learned
 
 

@@ -29,6 +29,7 @@ def test_the_app_runs_controllers_on_real_ranks_and_in_simulation(tmp_path):
         f"out_dir={out}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
         controllers,
+        "plot_controllers=[ppo,grow_to_2]",
         timeout=540,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,3 +43,7 @@ def test_the_app_runs_controllers_on_real_ranks_and_in_simulation(tmp_path):
     episodes = list(csv.DictReader(open(out / "episodes.csv")))
     assert sorted({e["backend"] for e in episodes}) == ["real", "sim"] and len(episodes) == 3 * 3
     assert json.loads((out / "summary.json").read_text())["pool"] == "cpu_local"
+    timeline = list(csv.DictReader(open(out / "timeline.csv")))
+    assert {t["controller"] for t in timeline} == {"ppo", "grow_to_2"}
+    assert max(int(t["gpus"]) for t in timeline if t["controller"] == "grow_to_2") == 2
+    assert (out / "workers_spend.png").stat().st_size > 1000

@@ -170,7 +170,9 @@ class RealElasticJob(PoolLedger):
         if np.array_equal(mask, self._held):
             return {"added": [], "removed": []}
         now = self.now_s()
-        backend.resize(int(mask.sum()))  # raises before anything below changes
+        # Raises before anything below changes. A swap at the same size keeps the group: the
+        # ranks of one worker type are alike, so nothing is re-formed and no restart is counted.
+        restarted = backend.resize(int(mask.sum())) > 0
         for s in removed:
             self._bill(s, now)
             self.noticed[s] = False
@@ -179,7 +181,7 @@ class RealElasticJob(PoolLedger):
             self._held_since[s] = now
             self.log.append(PoolEvent(now, "request", s, self.offers[self.slot_offer[s]]))
         self._held = mask
-        self.restarts += 1
+        self.restarts += int(restarted)
         return {"added": added, "removed": removed}
 
     def set_lr_multiplier(self, multiplier: float) -> None:
@@ -223,9 +225,8 @@ class RealElasticJob(PoolLedger):
             if mask.sum() == 0:
                 mask[self._replacement(mask, self.now_s())] = True
             if not np.array_equal(mask, self._held):
-                backend.resize(int(mask.sum()))
+                self.restarts += int(backend.resize(int(mask.sum())) > 0)
                 self._held = mask
-                self.restarts += 1
 
     @property
     def restart_times_s(self) -> list[float]:

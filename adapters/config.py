@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from adapters.data import DATASETS
 from adapters.models import MODELS, NORMS
@@ -92,3 +93,18 @@ class RealDDPConfig:
         if len(out) != self.workers:
             raise ValueError(f"{name} lists {len(out)} batches for {self.workers} workers")
         return out
+
+
+def real_config_of(profile: Any) -> dict[str, Any]:
+    """The real backend config (:class:`RealDDPConfig` fields) a calibrated profile
+    (:class:`sim.profile.ClusterProfile`) was measured on: its ``provenance.real_config``.
+
+    Raises:
+        ValueError: a profile not measured on the real backend.
+    """
+    real_config = dict((profile.meta.get("provenance") or {}).get("real_config") or {})
+    if not real_config:
+        raise ValueError(
+            f"profile {profile.name!r} was not measured on the real backend (no provenance.real_config)"
+        )
+    return real_config

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from adapters.config import RealDDPConfig
+from adapters.config import RealDDPConfig, real_config_of
+from adapters.ddp_backend import NUM_CLASSES
 from adapters.elastic import ElasticDDPBackend
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import LR_RANGE, PoolEvent, PoolLedger, check_deltas, initial_held, pick_slots
@@ -264,8 +265,6 @@ class RealElasticBackend:
         if config is None:
             if profile is None:
                 raise ValueError("RealElasticBackend needs a config, or a pool with a profile (pool.profile)")
-            from experiments.sim2real import real_config_of
-
             config = RealDDPConfig(**real_config_of(profile))
         self._tmp = None if checkpoint_dir else tempfile.mkdtemp(prefix="dynamix-elastic-")
         config = replace(config, **overrides, checkpoint_dir=checkpoint_dir or self._tmp)
@@ -284,7 +283,7 @@ class RealElasticBackend:
             base_batch=int(config.base_batch),
             target_accuracy=float(config.target_accuracy),
             time_budget_s=float(config.time_budget_s),
-            num_classes=10,
+            num_classes=NUM_CLASSES,
             workload=profile.workload.name if profile is not None else f"{config.model}/{config.dataset}",
             deterministic=False,
             lr_rule=config.lr_rule,

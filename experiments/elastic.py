@@ -158,7 +158,7 @@ def run(cfg: DictConfig) -> float:
     return min(learned) if learned else math.nan
 
 
-def _csv(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...]) -> str:
+def csv_text(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
     w.writeheader()
@@ -168,17 +168,17 @@ def _csv(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...]) -> st
 
 def _write(out: Path, table, episodes, timelines) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "table.csv", _csv(table, COLUMNS))
+    atomic_write_text(out / "table.csv", csv_text(table, COLUMNS))
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for t in table:
         cells = [f"{t[c]:.3f}" if isinstance(t[c], float) else str(t[c]) for c in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     if episodes:
-        atomic_write_text(out / "episodes.csv", _csv(episodes, list(episodes[0])))
+        atomic_write_text(out / "episodes.csv", csv_text(episodes, list(episodes[0])))
     if timelines:
         cols = sorted({k for t in timelines for k in t}, key=lambda k: (k != "controller", k))
-        atomic_write_text(out / "timeline.csv", _csv(timelines, cols))
+        atomic_write_text(out / "timeline.csv", csv_text(timelines, cols))
         plot_workers_spend(out / "workers_spend.png", timelines)
 
 

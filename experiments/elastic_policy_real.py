@@ -17,8 +17,6 @@ accuracy (``nan`` without one).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
@@ -36,7 +34,7 @@ from adapters.elastic_job import RealElasticBackend
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
-from experiments.elastic import controllers, host_record, plot_workers_spend
+from experiments.elastic import controllers, csv_text, host_record, plot_workers_spend
 from sim.datafiles import atomic_write_text
 from sim.pool import pool_from_dict
 from sim.specs_io import spec_to_dict
@@ -167,20 +165,12 @@ def run(cfg: DictConfig) -> float:
     _write(out, table, episodes, summary)
     if timelines:
         cols = list(dict.fromkeys(k for t in timelines for k in t))
-        atomic_write_text(out / "timeline.csv", _csv(timelines, cols))
+        atomic_write_text(out / "timeline.csv", csv_text(timelines, cols))
         title = f"real ranks, seed {raw['real_seeds'][0]}: ranks held and dollars spent"
         plot_workers_spend(
             out / "workers_spend.png", timelines, title, seconds_per_unit=1.0, unit="s", ylabel="ranks held"
         )
     return first_learned
-
-
-def _csv(rows: list[dict[str, Any]], columns) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
 
 
 def _cell(v: Any) -> str:
@@ -191,13 +181,13 @@ def _cell(v: Any) -> str:
 
 def _write(out: Path, table: list[dict], episodes: list[dict], summary: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "table.csv", _csv(table, COLUMNS))
+    atomic_write_text(out / "table.csv", csv_text(table, COLUMNS))
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(t[c]) for c in COLUMNS) + " |" for t in table]
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     if episodes:
         cols = list(dict.fromkeys(k for e in episodes for k in e))
-        atomic_write_text(out / "episodes.csv", _csv(episodes, cols))
+        atomic_write_text(out / "episodes.csv", csv_text(episodes, cols))
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
 
 

@@ -28,12 +28,13 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from adapters.config import real_config_of
 from dynamix_gym.controllers.schedule import AccuracyScheduleController, parse_phases
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.measurement.profiling import quiet_wait
 from experiments.common import atomic_write_text
-from experiments.sim2real import RealEnvs, build_scenario, real_config_of
+from experiments.sim2real import RealEnvs, build_scenario
 from sim.convergence import LR_RULES
 from sim.faults import Scenario
 from sim.profile import ClusterProfile, load_profile

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 from hydra.utils import to_absolute_path
 
+from adapters.config import real_config_of
 from dynamix_gym.controllers import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
@@ -52,16 +53,6 @@ def real_profile(ref: str) -> tuple[ClusterProfile, dict[str, Any]]:
     """The profile (a directory or a name) and the real backend config it was measured on."""
     profile = load_profile(Path(to_absolute_path(ref)) if os.sep in ref else ref)
     return profile, real_config_of(profile)
-
-
-def real_config_of(profile: ClusterProfile) -> dict[str, Any]:
-    """The real backend config ``profile`` was measured on (its provenance.real_config)."""
-    real_config = dict((profile.meta.get("provenance") or {}).get("real_config") or {})
-    if not real_config:
-        raise ValueError(
-            f"profile {profile.name!r} was not measured on the real backend (no provenance.real_config)"
-        )
-    return real_config
 
 
 def parse_controller(entry: Any) -> tuple[str, dict[str, Any], str | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, ClassVar
 
 import numpy as np
@@ -135,12 +137,56 @@ class OracleController(BaseController):
         self, observation: np.ndarray, info: dict[str, Any], deterministic: bool = True
     ) -> tuple[np.ndarray, None]:
         truth, model = ground_truth(info, "OracleController")
-        progress = truth["progress"]
-        spec = self.spec
         current = np.asarray(info["local_batches"], dtype=np.int64)
         alive = np.asarray(truth["alive"], dtype=bool)
         if not alive.any():
             return current.astype(np.float32), None
+        cands, rates = self._candidates(model, truth["progress"], current, alive)
+        if self.objective == "time_to_target":
+            times = self._held_times(model, truth["progress"], cands, rates, alive)
+            if np.isfinite(times).any():
+                best = int(np.argmin(times))
+                keep = times[best] >= times[0] * (1.0 - self.min_gain)
+                return (current if keep else cands[best]).astype(np.float32), None
+        best = int(np.argmax(rates))  # the first of equals: the batches in force win ties
+        if rates[best] <= rates[0] * (1.0 + self.min_gain):
+            best = 0
+        return cands[best].astype(np.float32), None
+
+    def held_time_s(self, info: dict[str, Any], points: int = 24) -> float:
+        """The shortest true time to the target from now over the candidate global batches (each
+        at its equal-time split) held from now on: the progress still needed integrated over the
+        progress made per second as the noise scale grows (``points`` midpoints; the iteration
+        times at the current fault state); ``inf`` where none reaches it. With the elapsed wall
+        time, the scale of an episode's time to accuracy (the per-world time scale of
+        :class:`~dynamix_gym.envs.randomized.RandomizedClusterEnv`)."""
+        truth, model = ground_truth(info, "OracleController")
+        current = np.asarray(info["local_batches"], dtype=np.int64)
+        alive = np.asarray(truth["alive"], dtype=bool)
+        if not alive.any():
+            return math.inf
+        progress = float(truth["progress"])
+        cands, _ = self._candidates(model, progress, current, alive)
+        totals = [float(c[alive].sum()) for c in cands]
+        ends = model.progress_to_target(np.array(totals))
+        best = math.inf
+        for cand, m, end in zip(cands, totals, ends, strict=True):
+            if not math.isfinite(end):
+                continue
+            step = max(float(end) - progress, 0.0) / points
+            mids = progress + step * (np.arange(points) + 0.5)
+            steps = sum(step / model.progress_per_step(m, float(p)) for p in mids)
+            best = min(best, steps * model.iteration_time_s(cand))
+        return best
+
+    def _held_times(self, model, progress: float, cands, rates: np.ndarray, alive: np.ndarray) -> np.ndarray:
+        need = model.progress_to_target(np.array([float(c[alive].sum()) for c in cands])) - progress
+        return np.maximum(need, 0.0) / rates
+
+    def _candidates(self, model, progress: float, current: np.ndarray, alive: np.ndarray):
+        """The batches in force and one equal-time split per global batch of the grid, with their
+        true goodputs."""
+        spec = self.spec
         lo, hi = spec.min_batch[alive], spec.max_batch[alive]
         # True compute time of every live worker at every tabulated local batch: (G, N_alive).
         table = model.compute_time_s(np.repeat(self._grid[:, None], spec.num_workers, axis=1))[:, alive]
@@ -152,14 +198,4 @@ class OracleController(BaseController):
             cand[alive] = round_to_total(split, int(m), lo, hi)
             cands.append(cand)
         rates = np.array([self.goodput(model, progress, c, alive) for c in cands])
-        if self.objective == "time_to_target":
-            need = model.progress_to_target(np.array([float(c[alive].sum()) for c in cands])) - progress
-            times = np.maximum(need, 0.0) / rates
-            if np.isfinite(times).any():
-                best = int(np.argmin(times))
-                keep = times[best] >= times[0] * (1.0 - self.min_gain)
-                return (current if keep else cands[best]).astype(np.float32), None
-        best = int(np.argmax(rates))  # the first of equals: the batches in force win ties
-        if rates[best] <= rates[0] * (1.0 + self.min_gain):
-            best = 0
-        return cands[best].astype(np.float32), None
+        return cands, rates

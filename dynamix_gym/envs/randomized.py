@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -248,15 +249,33 @@ class RandomizedClusterEnv(HeteroClusterEnv):
     """:class:`HeteroClusterEnv` (delta or continuous actions) whose simulated cluster, faults and
     workload are redrawn from ``domain`` at every reset, from the env's own generator.
 
+    The ``time`` reward's scale (``time_scale``): ``"fixed"`` (default) keeps the reward config's
+    ``time_scale_s`` for every world, so an episode's return is minus its wall time in those units
+    and a ten-hour ImageNet world outweighs a ten-second NCF one a thousand-fold. ``"world"`` sets it
+    per episode to the world's own time scale, read from the simulator's truth after the first
+    interval: its wall time plus the shortest time to the target over the global batches (each at
+    its equal-time split) held from then on at the current rates
+    (:meth:`~dynamix_gym.controllers.oracle.OracleController.held_time_s`). Returns then read as
+    minus the time to accuracy over that scale, near -1 in every world, which weighs worlds alike,
+    as the benchmark's geometric mean of ratios does. The reward code is unchanged (its
+    ``time_scale_s`` is set per world, ``info["time_scale_s"]`` at reset); a real backend keeps a
+    fixed scale. Off the ``time`` reward, ``"world"`` is refused.
+
     Args:
         domain: a :class:`DomainRandomization` or a mapping of its fields.
         sim_kwargs: passed to every :class:`SimBackend`.
+        time_scale: ``"fixed"`` or ``"world"`` (above).
         **kwargs: as :class:`HeteroClusterEnv` (``reward``, ``interval``, ``action_mode`` ...).
     """
 
     def __init__(
-        self, domain: DomainRandomization | dict | None = None, sim_kwargs: dict | None = None, **kwargs
+        self,
+        domain: DomainRandomization | dict | None = None,
+        sim_kwargs: dict | None = None,
+        time_scale: str = "fixed",
+        **kwargs,
     ):
+        check_choice("env.time_scale", time_scale, TIME_SCALES)
         if isinstance(domain, dict) or domain is None:
             domain = DomainRandomization(**(domain or {}))
         self.domain = domain
@@ -264,15 +283,43 @@ class RandomizedClusterEnv(HeteroClusterEnv):
         first = domain.sample(np.random.default_rng(0))
         super().__init__(backend=SimBackend(**first, **self._sim_kwargs), **kwargs)
         self.episode_config: dict[str, Any] = first
+        if time_scale == "world" and self.reward_config.kind != "time":
+            raise ValueError(
+                f"env.time_scale='world' scales the 'time' reward; the reward is {self.reward_config.kind!r}"
+            )
+        self.time_scale = time_scale
+        self._base_reward = self.reward_config
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super(HeteroClusterEnv, self).reset(seed=seed)
         self.episode_config = self.domain.sample(self.np_random)
         self.set_backend(SimBackend(**self.episode_config, **self._sim_kwargs))
         obs, info = self._start_episode()
+        if self.time_scale == "world":
+            scale = world_time_scale_s(self.backend.spec, info)
+            self.reward_config = replace(self._base_reward, time_scale_s=scale)
+            info["time_scale_s"] = scale
         info["domain"] = {
             "cluster": self.episode_config["cluster"].name,
             "scenario": self.episode_config["scenario"].name,
             "workload": getattr(self.episode_config["workload"], "name", self.episode_config["workload"]),
         }
         return obs, info
+
+
+#: The ``time`` reward's scale per world (:class:`RandomizedClusterEnv`'s ``time_scale``).
+TIME_SCALES = ("fixed", "world")
+
+
+def world_time_scale_s(spec, info: dict[str, Any]) -> float:
+    """A simulated world's time scale after its first interval (``info`` of the reset): the wall
+    time so far plus the shortest true time to the target over the global batches held from now
+    on (:meth:`OracleController.held_time_s`); the episode's time budget where no batch reaches it."""
+    from dynamix_gym.controllers.oracle import OracleController
+
+    oracle = OracleController(objective="time_to_target", batch_penalty=0.0)
+    oracle.reset(spec)
+    held = oracle.held_time_s(info)
+    if not math.isfinite(held):
+        return float(spec.time_budget_s)
+    return float(min(info["wall_time_s"] + held, spec.time_budget_s))

@@ -30,9 +30,10 @@ from dynamix_gym.controllers.bundle import (
     save_bundle,
 )
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.envs.randomized import DomainRandomization, RandomizedClusterEnv
+from dynamix_gym.envs.randomized import TIME_SCALES, DomainRandomization, RandomizedClusterEnv
 from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
+from sim.validation import check_choice
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,14 @@ class TrainConfig:
     # fine-tuned bundle's) fixed during PPO: running updates move the inputs the pretrained policy
     # reads, e.g. its rare regime flags, and can undo it before PPO has learned anything.
     freeze_obs_norm: bool = False
+    # The time reward's scale in the training worlds: "fixed" (the reward's time_scale_s) or
+    # "world" (each world's own time scale, so that every world's return reads near -1; see
+    # RandomizedClusterEnv). Validation and evaluation measure minutes either way.
+    time_scale: str = "fixed"
+    # Timesteps at the start of PPO during which only the value function learns (the policy's
+    # actor frozen): a fine-tuned or warm-started actor meets a critic fitted to another reward or
+    # input first, whose advantages are noise until it has caught up.
+    critic_warmup_steps: int = 0
     torch_threads: int = 1
     checkpoint_every: int = 50_000  # timesteps
     eval_every: int = 50_000  # timesteps
@@ -128,6 +137,9 @@ def check_train_config(cfg: TrainConfig) -> None:
             "freeze_obs_norm=true keeps pretrained observation statistics: it needs normalize_obs=true and "
             "finetune_from or expert_pretrain (a fresh policy has none to keep)"
         )
+    check_choice("time_scale", cfg.time_scale, TIME_SCALES)
+    if cfg.critic_warmup_steps < 0:
+        raise ValueError(f"critic_warmup_steps must be >= 0, got {cfg.critic_warmup_steps}")
     if cfg.action_mode not in ("delta", "scale"):
         raise ValueError(
             f"action_mode must be 'delta' or 'scale' (the discrete modes), got {cfg.action_mode!r}"
@@ -158,9 +170,15 @@ def _cluster_env_fn(domain: dict, env_kwargs: dict, workers: int) -> Callable[[]
     return make
 
 
+def train_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The training worlds' env keywords: ``cfg.env`` plus the per-world time scale when set
+    (validation envs take ``cfg.env`` alone)."""
+    return {**cfg.env, **({"time_scale": cfg.time_scale} if cfg.time_scale != "fixed" else {})}
+
+
 def make_train_venv(cfg: TrainConfig) -> VecEnv:
     """Randomised simulated clusters, per-worker (shared policy) or centralised, monitored."""
-    env_kwargs = {**cfg.env, "action_mode": cfg.action_mode}
+    env_kwargs = {**train_env_kwargs(cfg), "action_mode": cfg.action_mode}
     if cfg.obs_form == "per_worker":
         fns = [_cluster_env_fn(cfg.domain, env_kwargs, n) for n in cfg.cluster_sizes]
         venv: VecEnv = PerWorkerVecEnv(fns, sizes=list(cfg.cluster_sizes), subprocess=cfg.subprocess)
@@ -239,6 +257,47 @@ class BehaviourCloningTerm(BaseCallback):
         policy.set_training_mode(False)
         self.losses.append(total / self.steps)
         self.logger.record("train/bc_loss", total / self.steps)
+
+
+class CriticWarmup(BaseCallback):
+    """Freeze the policy's actor (its policy network and action head) for the first ``steps``
+    timesteps of PPO, so that only the value function learns: the critic of a fine-tuned or
+    warm-started policy may be fitted to another reward (``time_scale``) or input, and PPO's
+    advantages are noise until it has caught up. The actor's parameters take no gradient, so
+    Adam leaves them as they are; they thaw at the first rollout past ``steps``."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = int(steps)
+        self.frozen = False
+
+    def _actor_parameters(self):
+        policy = self.model.policy
+        yield from policy.mlp_extractor.policy_net.parameters()
+        yield from policy.action_net.parameters()
+        if not policy.share_features_extractor:
+            yield from policy.pi_features_extractor.parameters()
+
+    def _set(self, frozen: bool) -> None:
+        for p in self._actor_parameters():
+            p.requires_grad_(not frozen)
+        self.frozen = frozen
+
+    def _on_training_start(self) -> None:
+        if self.model.num_timesteps < self.steps:
+            self._set(True)
+
+    def _on_rollout_end(self) -> None:
+        if self.frozen and self.model.num_timesteps >= self.steps:
+            self._set(False)
+            log.info("critic warm-up over at %d steps: the actor learns", self.model.num_timesteps)
+
+    def _on_training_end(self) -> None:
+        if self.frozen:
+            self._set(False)
+
+    def _on_step(self) -> bool:
+        return True
 
 
 class RewardTermsCallback(BaseCallback):
@@ -450,7 +509,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, A
     per_episode = bool(opts.get("episode_weighting", False))
     collect = dict(
         domain=cfg.domain,
-        env_kwargs=cfg.env,
+        env_kwargs=train_env_kwargs(cfg),
         sizes=list(cfg.cluster_sizes),
         episodes=int(opts.get("episodes", 120)),
         gamma=gamma,
@@ -489,7 +548,7 @@ def _warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, A
         # DAgger: the learner acts, the expert labels; retrain on everything gathered so far.
         new = collect_expert_data(
             cfg.domain,
-            cfg.env,
+            train_env_kwargs(cfg),
             list(cfg.cluster_sizes),
             episodes=int(opts.get("dagger_episodes", opts.get("episodes", 120))),
             gamma=gamma,
@@ -685,6 +744,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     callbacks = CallbackList(
         [
             *bc_term,
+            *([CriticWarmup(cfg.critic_warmup_steps)] if cfg.critic_warmup_steps > 0 else []),
             RewardTermsCallback(),
             CheckpointCallback(
                 save_freq=max(cfg.checkpoint_every // n_envs, 1),

@@ -231,3 +231,51 @@ def test_bad_actions_and_step_before_reset():
     per_worker = PerWorkerEnv(workers=2)
     with pytest.raises(RuntimeError, match="before reset"):
         per_worker.step(0)
+
+
+def test_world_time_scale_makes_the_teachers_return_near_minus_one_in_every_world():
+    """RandomizedClusterEnv(time_scale="world"): each world's time reward is scaled by the time the
+    best global batch held from the first interval would take (from the simulator's truth), so the
+    time-to-target oracle's undiscounted time penalty is near -1 on an NCF world of seconds and on
+    a CIFAR-10 one of minutes alike; the fixed scale's differ by orders of magnitude."""
+    from dynamix_gym.controllers.registry import make_controller
+    from dynamix_gym.envs.randomized import RandomizedClusterEnv
+    from dynamix_gym.learning.imitation import expert_steps
+
+    returns = {}
+    for workload in ("ncf", "cifar10"):
+        for scale in ("fixed", "world"):
+            env = RandomizedClusterEnv(
+                domain={"workers": 4, "workloads": [workload], "scenarios": ["static_hetero"]},
+                time_scale=scale,
+                reward={"kind": "time", "target_bonus": 0.0},
+                obs_schema=3,
+                action_mode="scale",
+                action_set=[0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 16.0, 64.0],
+            )
+            obs, info = env.reset(seed=3)
+            assert ("time_scale_s" in info) == (scale == "world")
+            teacher = make_controller("oracle", objective="time_to_target", batch_penalty=0.0)
+            teacher.reset(env.backend.spec)
+            total, done = 0.0, False
+            while not done:
+                target, _ = teacher.predict(obs, info)
+                steps = expert_steps(
+                    "scale", env.batches, np.asarray(target, float), env.action_set, 0.1, env.action_mask_matrix()
+                )
+                obs, r, term, trunc, info = env.step(steps)
+                total, done = total + r, term or trunc
+            assert term
+            returns[workload, scale] = total
+    for workload in ("ncf", "cifar10"):
+        assert -1.6 < returns[workload, "world"] < -0.8, returns
+    assert returns["cifar10", "fixed"] / returns["ncf", "fixed"] > 5.0, returns
+
+
+def test_world_time_scale_needs_the_time_reward():
+    from dynamix_gym.envs.randomized import RandomizedClusterEnv
+
+    with pytest.raises(ValueError, match="env.time_scale='world' scales the 'time' reward"):
+        RandomizedClusterEnv(domain={"workers": 2}, time_scale="world", reward="dynamix")
+    with pytest.raises(ValueError, match="env.time_scale"):
+        RandomizedClusterEnv(domain={"workers": 2}, time_scale="minutes", reward="time")

@@ -121,6 +121,42 @@ def test_freeze_obs_norm_keeps_the_pretrained_statistics_through_ppo(tmp_path):
         check_train_config(tiny(tmp_path / "fresh", freeze_obs_norm=True))
 
 
+def test_critic_warmup_trains_the_value_function_alone_until_its_steps_are_done(tmp_path):
+    """critic_warmup_steps: while the warm-up lasts, PPO moves the value network and leaves the
+    actor (policy network, action head) exactly as it was; past it, both learn."""
+    from dynamix_gym.learning.training import check_train_config
+
+    base = train(tiny(tmp_path / "base", total_timesteps=200, checkpoint_every=10**9))["final_bundle"]
+
+    def parts(path):
+        pol = load_bundle(path).model.policy
+        actor = [p.detach().numpy().copy() for p in (*pol.mlp_extractor.policy_net.parameters(), *pol.action_net.parameters())]
+        critic = [p.detach().numpy().copy() for p in (*pol.mlp_extractor.value_net.parameters(), *pol.value_net.parameters())]
+        return actor, critic
+
+    def moved(a, b):
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+    actor0, critic0 = parts(base)
+    common = dict(finetune_from=base, total_timesteps=400, checkpoint_every=10**9)
+    frozen = train(tiny(tmp_path / "warm", critic_warmup_steps=10**6, **common))["final_bundle"]
+    actor1, critic1 = parts(frozen)
+    assert moved(actor0, actor1) == 0.0 and moved(critic0, critic1) > 0.0
+    thawed = train(tiny(tmp_path / "thaw", critic_warmup_steps=128, **common))["final_bundle"]
+    assert moved(actor0, parts(thawed)[0]) > 0.0
+    with pytest.raises(ValueError, match="critic_warmup_steps"):
+        check_train_config(tiny(tmp_path / "bad", critic_warmup_steps=-1))
+    with pytest.raises(ValueError, match="time_scale"):
+        check_train_config(tiny(tmp_path / "bad", time_scale="hours"))
+
+
+def test_world_time_scale_trains_and_scales_every_world_to_its_own_time(tmp_path):
+    """time_scale=world: the training worlds' time reward is divided by each world's own scale
+    (the time penalty of a whole episode then reads near -1); validation still measures seconds."""
+    result = train(tiny(tmp_path, total_timesteps=300, checkpoint_every=10**9, time_scale="world"))
+    assert math.isfinite(result["best_validation_tta_s"]) and result["best_validation_tta_s"] > 10.0
+
+
 def test_schema_and_action_set_mismatches_are_refused(tmp_path):
     bundle_dir = Path(train(tiny(tmp_path, total_timesteps=200, checkpoint_every=10**9))["final_bundle"])
     meta = json.loads((bundle_dir / "bundle.json").read_text())

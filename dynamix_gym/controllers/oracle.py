@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from typing import Any, ClassVar
 
 import numpy as np

@@ -261,7 +261,12 @@ def test_world_time_scale_makes_the_teachers_return_near_minus_one_in_every_worl
             while not done:
                 target, _ = teacher.predict(obs, info)
                 steps = expert_steps(
-                    "scale", env.batches, np.asarray(target, float), env.action_set, 0.1, env.action_mask_matrix()
+                    "scale",
+                    env.batches,
+                    np.asarray(target, float),
+                    env.action_set,
+                    0.1,
+                    env.action_mask_matrix(),
                 )
                 obs, r, term, trunc, info = env.step(steps)
                 total, done = total + r, term or trunc
@@ -275,7 +280,7 @@ def test_world_time_scale_makes_the_teachers_return_near_minus_one_in_every_worl
 def test_world_time_scale_needs_the_time_reward():
     from dynamix_gym.envs.randomized import RandomizedClusterEnv
 
-    with pytest.raises(ValueError, match="env.time_scale='world' scales the 'time' reward"):
+    with pytest.raises(ValueError, match=r"env\.time_scale='world' scales the 'time' reward"):
         RandomizedClusterEnv(domain={"workers": 2}, time_scale="world", reward="dynamix")
-    with pytest.raises(ValueError, match="env.time_scale"):
+    with pytest.raises(ValueError, match=r"env\.time_scale"):
         RandomizedClusterEnv(domain={"workers": 2}, time_scale="minutes", reward="time")

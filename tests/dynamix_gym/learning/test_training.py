@@ -130,8 +130,14 @@ def test_critic_warmup_trains_the_value_function_alone_until_its_steps_are_done(
 
     def parts(path):
         pol = load_bundle(path).model.policy
-        actor = [p.detach().numpy().copy() for p in (*pol.mlp_extractor.policy_net.parameters(), *pol.action_net.parameters())]
-        critic = [p.detach().numpy().copy() for p in (*pol.mlp_extractor.value_net.parameters(), *pol.value_net.parameters())]
+        actor = [
+            p.detach().numpy().copy()
+            for p in (*pol.mlp_extractor.policy_net.parameters(), *pol.action_net.parameters())
+        ]
+        critic = [
+            p.detach().numpy().copy()
+            for p in (*pol.mlp_extractor.value_net.parameters(), *pol.value_net.parameters())
+        ]
         return actor, critic
 
     def moved(a, b):

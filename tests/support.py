@@ -78,3 +78,26 @@ def ranks_alive() -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+#: A training run of seconds (tests of the PPO training path).
+TINY = dict(
+    total_timesteps=1200,
+    cluster_sizes=(2, 3),
+    env={"interval": 50, "reward": {"kind": "time"}, "max_decisions": 40},
+    ppo={"n_steps": 64, "batch_size": 160, "n_epochs": 1},
+    policy_kwargs={"net_arch": [16, 16]},
+    checkpoint_every=600,
+    eval_every=10**9,  # only the final evaluation
+    eval_scenarios=("static_hetero",),
+    eval_seeds=(1000,),
+    eval_workers=4,
+    progress_bar=False,
+)
+
+
+def tiny(tmp_path: Path, **overrides):
+    """A :class:`TrainConfig` of :data:`TINY` under ``tmp_path``, ``overrides`` on top."""
+    from dynamix_gym.learning.training import TrainConfig
+
+    return TrainConfig(run_dir=str(tmp_path / "run"), **{**TINY, **overrides})

@@ -59,9 +59,16 @@ class BundleMeta:
     #: written before the balanced split were all ``policy``
     split: str = "policy"
     split_tolerance: float = DEFAULT_SPLIT_TOLERANCE
+    #: what the critic read in training (``local``: the worker's row; ``centralised``: the row plus
+    #: the cluster's state, :mod:`dynamix_gym.learning.central_critic`); the actor reads the row
+    critic: str = "local"
 
     def __post_init__(self) -> None:
         self.split, self.split_tolerance = check_split(self.split, self.split_tolerance)
+        if self.critic not in ("local", "centralised"):
+            raise ValueError(f"critic must be 'local' or 'centralised', got {self.critic!r}")
+        if self.critic == "centralised" and self.obs_form != "per_worker":
+            raise ValueError("a centralised critic belongs to a per-worker bundle (obs_form per_worker)")
         if self.obs_form not in OBS_FORMS:
             raise ValueError(f"obs_form must be one of {OBS_FORMS}, got {self.obs_form!r}")
         if self.action_mode not in BUNDLE_ACTION_MODES:
@@ -281,6 +288,10 @@ class PPOController(BaseController):
         obs = np.asarray(observation, dtype=np.float32)
         if self.bundle.meta.obs_form == "per_worker":
             obs = self.schema.split_centralised(obs, self.spec.num_workers)
+            if self.bundle.meta.critic == "centralised":  # the actor ignores it; the policy's input has it
+                from dynamix_gym.learning.central_critic import with_critic_state
+
+                obs = with_critic_state(obs, self.schema.worker_dim)
         if self.bundle.obs_norm is not None:
             obs = self.bundle.obs_norm(obs)
         if self.bundle.meta.algorithm == "maskable_ppo":

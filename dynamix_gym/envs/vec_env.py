@@ -36,6 +36,9 @@ class PerWorkerVecEnv(VecEnv):
         sizes: the number of workers each callable's cluster has (needed up front when clusters
             live in subprocesses; inferred in-process when omitted).
         subprocess: run each cluster in its own process (``SubprocVecEnv``).
+        critic_state: append the cluster's state (the mean, min and max over its workers of each
+            per-worker feature, :func:`~dynamix_gym.learning.central_critic.with_critic_state`) to
+            every row, for a centralised critic; the actor of such a policy reads the row alone.
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class PerWorkerVecEnv(VecEnv):
         env_fns: Sequence[Callable[[], gym.Env]],
         sizes: Sequence[int] | None = None,
         subprocess: bool = False,
+        critic_state: bool = False,
     ) -> None:
         if not env_fns:
             raise ValueError("PerWorkerVecEnv needs at least one cluster env")
@@ -92,7 +96,13 @@ class PerWorkerVecEnv(VecEnv):
             )
         self.action_mode = modes.pop()
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
-        obs_space = spaces.Box(-1.0, 1.0, (self.schema.per_worker_dim,), np.float32)
+        self.critic_state = bool(critic_state)
+        dim = self.schema.per_worker_dim
+        if self.critic_state:
+            from dynamix_gym.learning.central_critic import critic_state_dim
+
+            dim += critic_state_dim(self.schema.worker_dim)
+        obs_space = spaces.Box(-1.0, 1.0, (dim,), np.float32)
         super().__init__(int(self.offsets[-1]), obs_space, spaces.Discrete(n_actions.pop()))
         self.actions: np.ndarray | None = None
 
@@ -108,7 +118,7 @@ class PerWorkerVecEnv(VecEnv):
         obs = np.empty((self.num_envs, *self.observation_space.shape), dtype=np.float32)
         for c, cluster in enumerate(self.clusters):
             lo, hi = self.offsets[c], self.offsets[c + 1]
-            obs[lo:hi] = self.schema.split_centralised(cluster.reset()[0], self.sizes[c])
+            obs[lo:hi] = self._rows(cluster.reset()[0], self.sizes[c])
             for j in range(lo, hi):
                 self.reset_infos[j] = {"cluster": c, "worker": j - lo}
         self._reset_options()
@@ -128,11 +138,11 @@ class PerWorkerVecEnv(VecEnv):
             lo, hi, n = self.offsets[c], self.offsets[c + 1], self.sizes[c]
             c_obs, c_rew, c_done, c_infos = cluster.step_wait()
             info = c_infos[0]
-            obs[lo:hi] = self.schema.split_centralised(c_obs[0], n)
+            obs[lo:hi] = self._rows(c_obs[0], n)
             rewards[lo:hi] = c_rew[0]
             dones[lo:hi] = c_done[0]
             truncated = bool(info.get("TimeLimit.truncated", False))
-            terminal = self.schema.split_centralised(info["terminal_observation"], n) if c_done[0] else None
+            terminal = self._rows(info["terminal_observation"], n) if c_done[0] else None
             for w in range(n):
                 row = {"cluster": c, "worker": w, "TimeLimit.truncated": truncated}
                 if w == 0:  # the cluster's own info once, on its first worker
@@ -181,6 +191,14 @@ class PerWorkerVecEnv(VecEnv):
 
     def get_images(self):
         return [None for _ in range(self.num_envs)]
+
+    def _rows(self, obs: np.ndarray, n: int) -> np.ndarray:
+        rows = self.schema.split_centralised(obs, n)
+        if self.critic_state:
+            from dynamix_gym.learning.central_critic import with_critic_state
+
+            rows = with_critic_state(rows, self.schema.worker_dim)
+        return rows
 
     def _cluster_index(self, i: int) -> int:
         return int(np.searchsorted(self.offsets, i, side="right") - 1)

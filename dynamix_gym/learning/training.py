@@ -33,6 +33,12 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.envs.randomized import TIME_SCALES, DomainRandomization, RandomizedClusterEnv
 from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
+from dynamix_gym.learning.central_critic import (
+    CRITICS,
+    central_policy_class,
+    extend_obs_stats,
+    from_local_bundle,
+)
 from sim.validation import check_choice
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,10 @@ class TrainConfig:
     # actor frozen): a fine-tuned or warm-started actor meets a critic fitted to another reward or
     # input first, whose advantages are noise until it has caught up.
     critic_warmup_steps: int = 0
+    # "local" (the critic reads the worker's row, as the actor does) or "centralised" (MAPPO-style:
+    # the row plus the cluster's state; the actor still reads the row alone; per-worker form only,
+    # fresh or finetune_from a local-critic bundle; dynamix_gym.learning.central_critic).
+    critic: str = "local"
     torch_threads: int = 1
     checkpoint_every: int = 50_000  # timesteps
     eval_every: int = 50_000  # timesteps
@@ -138,6 +148,17 @@ def check_train_config(cfg: TrainConfig) -> None:
             "finetune_from or expert_pretrain (a fresh policy has none to keep)"
         )
     check_choice("time_scale", cfg.time_scale, TIME_SCALES)
+    check_choice("critic", cfg.critic, CRITICS)
+    if cfg.critic == "centralised":
+        if cfg.obs_form != "per_worker":
+            raise ValueError(
+                "critic=centralised needs obs_form=per_worker (a shared actor on each worker's row)"
+            )
+        if cfg.expert_pretrain:
+            raise ValueError(
+                "critic=centralised cannot be warm-started by expert_pretrain (its rows carry no cluster "
+                "state); warm-start a local-critic run, then finetune_from its bundle with critic=centralised"
+            )
     if cfg.critic_warmup_steps < 0:
         raise ValueError(f"critic_warmup_steps must be >= 0, got {cfg.critic_warmup_steps}")
     if cfg.action_mode not in ("delta", "scale"):
@@ -181,7 +202,12 @@ def make_train_venv(cfg: TrainConfig) -> VecEnv:
     env_kwargs = {**train_env_kwargs(cfg), "action_mode": cfg.action_mode}
     if cfg.obs_form == "per_worker":
         fns = [_cluster_env_fn(cfg.domain, env_kwargs, n) for n in cfg.cluster_sizes]
-        venv: VecEnv = PerWorkerVecEnv(fns, sizes=list(cfg.cluster_sizes), subprocess=cfg.subprocess)
+        venv: VecEnv = PerWorkerVecEnv(
+            fns,
+            sizes=list(cfg.cluster_sizes),
+            subprocess=cfg.subprocess,
+            critic_state=cfg.critic == "centralised",
+        )
     elif cfg.obs_form == "centralised":
         fns = [
             _cluster_env_fn(cfg.domain, env_kwargs, cfg.centralised_workers)
@@ -602,6 +628,46 @@ def _env_of_bundle(cfg: TrainConfig, base: PolicyBundle) -> TrainConfig:
     return dc_replace(cfg, env=env)
 
 
+def _central_from_bundle(cfg: TrainConfig, base: PolicyBundle, venv: VecEnv, algo, run_dir: Path):
+    """A centralised-critic model seeded by a local-critic bundle (``finetune_from`` with
+    ``critic=centralised``): the bundle's actor and critic weights (zero weights on the state's
+    inputs), its PPO settings under ``cfg.ppo``, its observation statistics extended to the state."""
+    for name, have, want in (("algorithm", base.meta.algorithm, cfg.algorithm),
+                             ("action_mode", base.meta.action_mode, cfg.action_mode),
+                             ("critic", base.meta.critic, "local")):  # fmt: skip
+        if have != want:
+            raise ValueError(
+                f"finetune_from {base.path} has {name}={have!r}; critic=centralised needs {want!r}"
+            )
+    schema = venv.get_attr("obs_schema", [0])[0]
+    if cfg.normalize_obs or cfg.normalize_reward:
+        venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
+        if base.obs_norm is not None:
+            venv.obs_rms.mean, venv.obs_rms.var = extend_obs_stats(
+                base.obs_norm.mean, base.obs_norm.var, schema.worker_dim
+            )
+            venv.obs_rms.count = 1e4
+            if cfg.freeze_obs_norm:
+                freeze_obs_stats(venv)
+        elif cfg.freeze_obs_norm:
+            raise ValueError(
+                f"freeze_obs_norm=true but finetune_from {base.path} has no observation statistics to keep"
+            )
+    ppo = {**dict(base.meta.config.get("ppo") or {}), **cfg.ppo}
+    policy_kwargs = {**dict(base.model.policy_kwargs), "actor_dim": schema.per_worker_dim}
+    model = algo(
+        central_policy_class(cfg.algorithm),
+        venv,
+        seed=cfg.seed,
+        device="cpu",
+        tensorboard_log=str(run_dir / "tb"),
+        policy_kwargs=policy_kwargs,
+        **ppo,
+    )
+    from_local_bundle(model, base.model.policy, schema.worker_dim)
+    return model
+
+
 def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume, or fine-tune) a PPO policy; returns a summary with the best validation TTA."""
     check_train_config(cfg)
@@ -627,10 +693,15 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
         model = algo.load(model_path, env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
         reset_timesteps = False
+    elif cfg.finetune_from and cfg.critic == "centralised":
+        model = _central_from_bundle(cfg, load_bundle(cfg.finetune_from), venv, algo, run_dir)
+        venv = model.get_env()
+        reset_timesteps = True
     elif cfg.finetune_from:
         base = load_bundle(cfg.finetune_from)
         for name, have, want in (("algorithm", base.meta.algorithm, cfg.algorithm),
-                                 ("action_mode", base.meta.action_mode, cfg.action_mode)):  # fmt: skip
+                                 ("action_mode", base.meta.action_mode, cfg.action_mode),
+                                 ("critic", base.meta.critic, cfg.critic)):  # fmt: skip
             if have != want:
                 raise ValueError(
                     f"finetune_from {cfg.finetune_from} was trained with {name}={have!r}; set {name}={have}"
@@ -671,13 +742,17 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 norm_reward=cfg.normalize_reward,
                 gamma=cfg.ppo.get("gamma", 0.99),
             )
+        central = cfg.critic == "centralised"
+        policy_kwargs = dict(cfg.policy_kwargs)
+        if central:
+            policy_kwargs["actor_dim"] = venv.get_attr("obs_schema", [0])[0].per_worker_dim
         model = algo(
-            "MlpPolicy",
+            central_policy_class(cfg.algorithm) if central else "MlpPolicy",
             venv,
             seed=cfg.seed,
             device="cpu",
             tensorboard_log=str(run_dir / "tb"),
-            policy_kwargs=dict(cfg.policy_kwargs) or None,
+            policy_kwargs=policy_kwargs or None,
             **cfg.ppo,
         )
         reset_timesteps = True
@@ -709,6 +784,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
             algorithm=cfg.algorithm,
             split=split[0],
             split_tolerance=split[1],
+            critic=cfg.critic,
             schema_version=schema.version,
             feature_names=schema.per_worker_names(),
             num_workers=cfg.centralised_workers if cfg.obs_form == "centralised" else None,

@@ -93,6 +93,11 @@ class PolicyStore:
                     f"bundle {name!r} ({b.path}) emits {mode!r} actions; the arbitrator serves the discrete "
                     f"modes {list(DISCRETE_ACTION_MODES)}"
                 )
+            if getattr(b.meta, "critic", "local") != "local":
+                raise BundleMismatchError(
+                    f"bundle {name!r} ({b.path}) was trained with a {b.meta.critic} critic; the arbitrator "
+                    "serves and fine-tunes bundles with the local critic (critic=local)"
+                )
         self._lock = threading.Lock()
         self._policies = {name: ServedPolicy(name, 0, b, bundle_reward(b)) for name, b in bundles.items()}
         self.default = default or next(iter(bundles))

@@ -8,29 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import TINY, tiny
 
 from dynamix_gym import OBS_SCHEMA, HeteroClusterEnv
 from dynamix_gym.controllers.bundle import BundleMismatchError, PPOController, load_bundle
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.learning.training import TrainConfig, latest_checkpoint, train
-
-TINY = dict(
-    total_timesteps=1200,
-    cluster_sizes=(2, 3),
-    env={"interval": 50, "reward": {"kind": "time"}, "max_decisions": 40},
-    ppo={"n_steps": 64, "batch_size": 160, "n_epochs": 1},
-    policy_kwargs={"net_arch": [16, 16]},
-    checkpoint_every=600,
-    eval_every=10**9,  # only the final evaluation
-    eval_scenarios=("static_hetero",),
-    eval_seeds=(1000,),
-    eval_workers=4,
-    progress_bar=False,
-)
-
-
-def tiny(tmp_path: Path, **overrides) -> TrainConfig:
-    return TrainConfig(run_dir=str(tmp_path / "run"), **{**TINY, **overrides})
+from dynamix_gym.learning.training import latest_checkpoint, train
 
 
 def test_train_bundle_load_evaluate(tmp_path):

@@ -135,6 +135,7 @@ def render(cfg: DictConfig, runs: dict[str, dict[str, Any]], minutes: dict[str, 
         *table(["task", "warm start (min)", "kept (min)", "ratio"], task_rows),
         "",
         *benchmark_lines(cfg),
+        *ablation_lines(cfg),
         "## What the runs differ in",
         "",
         *[f"- `{label}`: {cfg.runs[label].description} (`{cfg.runs[label].command}`)" for label in runs],
@@ -164,6 +165,31 @@ def benchmark_lines(cfg: DictConfig) -> list[str]:
         *table(["label", "test x limit", "test reached", "train x limit", "train reached"], rows),
         "",
         "Bundles were compared on the train split only; the test split scored the kept one.",
+        "",
+    ]
+
+
+def ablation_lines(cfg: DictConfig) -> list[str]:
+    """The ablation table (``cfg.ablation``): one row per component tried, its benchmark train-split
+    score read from the ``summary`` it names (an ``experiments.benchmark`` summary.json) where one
+    is committed, else the one recorded in the config (from that run's benchmark output)."""
+    entries = list(cfg.get("ablation") or [])
+    if not entries:
+        return []
+    rows = []
+    for e in entries:
+        score = e.get("train_x_limit")
+        if e.get("summary"):
+            f = Path(to_absolute_path(str(e.summary)))
+            score = json.loads(f.read_text())["geomean_ratio_to_limit"]
+        rows.append([str(e.component), str(e.variant), "-" if score is None else f"{float(score):.3f}",
+                     str(e.get("run") or "-"), str(e.verdict)])  # fmt: skip
+    return [
+        "## Ablation (benchmark train split, geometric mean of TTA / hindsight limit)",
+        "",
+        str(cfg.get("ablation_header", "")),
+        "",
+        *table(["component", "variant", "train x limit", "run", "verdict"], rows),
         "",
     ]
 

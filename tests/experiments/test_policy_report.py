@@ -44,3 +44,23 @@ def test_the_report_says_whether_rl_beat_the_warm_start(tmp_path):
         from experiments.policy_report import load_run
 
         load_run(tmp_path / "missing")
+
+
+def test_the_ablation_table_reads_a_committed_benchmark_summary_over_the_recorded_score(tmp_path):
+    _summary(tmp_path / "run", [(0, 600.0)])
+    bench = tmp_path / "ablation" / "train"
+    bench.mkdir(parents=True)
+    (bench / "summary.json").write_text(json.dumps({"geomean_ratio_to_limit": 1.2345}))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("policy_report", overrides=[
+            f"out_dir={tmp_path / 'out'}", "~runs", "~ablation",
+            f"+runs.run={{run_dir: {tmp_path / 'run'}, command: x, description: d}}",
+            f"+ablation=[{{component: critic, variant: v, summary: {bench / 'summary.json'}, run: run, verdict: worse}},"
+            "{component: reward, variant: w, train_x_limit: 1.5, verdict: better},"
+            "{component: split, variant: u, verdict: collapsed}]",
+        ])  # fmt: skip
+    policy_report_app(cfg)
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert "| critic | v | 1.234 | run | worse |" in md
+    assert "| reward | w | 1.500 | - | better |" in md
+    assert "| split | u | - | - | collapsed |" in md

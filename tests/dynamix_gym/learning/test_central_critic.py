@@ -78,8 +78,13 @@ def test_the_actor_ignores_the_state_the_critic_reads_it_and_fine_tuning_starts_
 
 
 def test_a_fresh_centralised_critic_trains_and_bad_combinations_are_refused(tmp_path):
-    result = train(tiny(tmp_path / "fresh", critic="centralised", total_timesteps=300, **SCALE))
+    run = dict(SCALE, checkpoint_every=150)
+    result = train(tiny(tmp_path / "fresh", critic="centralised", total_timesteps=300, **run))
     assert load_bundle(result["final_bundle"]).meta.critic == "centralised"
+    resumed = train(
+        tiny(tmp_path / "fresh", critic="centralised", total_timesteps=600, **run)
+    )  # from its checkpoint
+    assert resumed["timesteps"] >= 600 and load_bundle(resumed["final_bundle"]).meta.critic == "centralised"
     with pytest.raises(ValueError, match="critic=centralised cannot be warm-started"):
         check_train_config(tiny(tmp_path / "x", critic="centralised", expert_pretrain={"episodes": 2}))
     with pytest.raises(ValueError, match="obs_form=per_worker"):

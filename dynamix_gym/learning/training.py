@@ -628,6 +628,30 @@ def _env_of_bundle(cfg: TrainConfig, base: PolicyBundle) -> TrainConfig:
     return dc_replace(cfg, env=env)
 
 
+def _normalised_like(
+    cfg: TrainConfig, venv: VecEnv, base: PolicyBundle, state_of_worker_dim: int | None = None
+):
+    """``venv`` normalised as ``cfg`` asks, starting from the fine-tuned bundle's observation
+    statistics (extended to a centralised critic's state when ``state_of_worker_dim`` is given),
+    frozen with ``freeze_obs_norm``."""
+    if not (cfg.normalize_obs or cfg.normalize_reward):
+        return venv
+    venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
+    if base.obs_norm is not None:  # start from the pretrained statistics
+        mean, var = base.obs_norm.mean.copy(), base.obs_norm.var.copy()
+        if state_of_worker_dim is not None:
+            mean, var = extend_obs_stats(mean, var, state_of_worker_dim)
+        venv.obs_rms.mean, venv.obs_rms.var = mean, var
+        venv.obs_rms.count = 1e4
+        if cfg.freeze_obs_norm:
+            freeze_obs_stats(venv)
+    elif cfg.freeze_obs_norm:
+        raise ValueError(
+            f"freeze_obs_norm=true but finetune_from {base.path} has no observation statistics to keep"
+        )
+    return venv
+
+
 def _central_from_bundle(cfg: TrainConfig, base: PolicyBundle, venv: VecEnv, algo, run_dir: Path):
     """A centralised-critic model seeded by a local-critic bundle (``finetune_from`` with
     ``critic=centralised``): the bundle's actor and critic weights (zero weights on the state's
@@ -640,19 +664,7 @@ def _central_from_bundle(cfg: TrainConfig, base: PolicyBundle, venv: VecEnv, alg
                 f"finetune_from {base.path} has {name}={have!r}; critic=centralised needs {want!r}"
             )
     schema = venv.get_attr("obs_schema", [0])[0]
-    if cfg.normalize_obs or cfg.normalize_reward:
-        venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
-        if base.obs_norm is not None:
-            venv.obs_rms.mean, venv.obs_rms.var = extend_obs_stats(
-                base.obs_norm.mean, base.obs_norm.var, schema.worker_dim
-            )
-            venv.obs_rms.count = 1e4
-            if cfg.freeze_obs_norm:
-                freeze_obs_stats(venv)
-        elif cfg.freeze_obs_norm:
-            raise ValueError(
-                f"freeze_obs_norm=true but finetune_from {base.path} has no observation statistics to keep"
-            )
+    venv = _normalised_like(cfg, venv, base, state_of_worker_dim=schema.worker_dim)
     ppo = {**dict(base.meta.config.get("ppo") or {}), **cfg.ppo}
     policy_kwargs = {**dict(base.model.policy_kwargs), "actor_dim": schema.per_worker_dim}
     model = algo(
@@ -706,17 +718,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 raise ValueError(
                     f"finetune_from {cfg.finetune_from} was trained with {name}={have!r}; set {name}={have}"
                 )
-        if cfg.normalize_obs or cfg.normalize_reward:
-            venv = VecNormalize(venv, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward)
-            if base.obs_norm is not None:  # start from the pretrained statistics
-                venv.obs_rms.mean, venv.obs_rms.var = base.obs_norm.mean.copy(), base.obs_norm.var.copy()
-                venv.obs_rms.count = 1e4
-                if cfg.freeze_obs_norm:
-                    freeze_obs_stats(venv)
-            elif cfg.freeze_obs_norm:
-                raise ValueError(
-                    f"freeze_obs_norm=true but finetune_from {cfg.finetune_from} has no observation statistics to keep"
-                )
+        venv = _normalised_like(cfg, venv, base)
         # Every ppo setting replaces the bundle's (SB3 rebuilds the schedules and the rollout buffer
         # from them when it loads); one PPO does not take is an error, never silently dropped.
         unknown = sorted(set(cfg.ppo) - FINETUNE_PPO_KEYS)

@@ -254,8 +254,8 @@ class RandomizedClusterEnv(HeteroClusterEnv):
     and a ten-hour ImageNet world outweighs a ten-second NCF one a thousand-fold. ``"world"`` sets it
     per episode to the world's own time scale, read from the simulator's truth after the first
     interval: its wall time plus the shortest time to the target over the global batches (each at
-    its equal-time split) held from then on at the current rates
-    (:meth:`~dynamix_gym.controllers.oracle.OracleController.held_time_s`). Returns then read as
+    its equal-time split) held from then on at the current fault state, the noise scale growing
+    with progress (:meth:`~dynamix_gym.controllers.oracle.OracleController.held_time_s`). Returns then read as
     minus the time to accuracy over that scale, near -1 in every world, which weighs worlds alike,
     as the benchmark's geometric mean of ratios does. The reward code is unchanged (its
     ``time_scale_s`` is set per world, ``info["time_scale_s"]`` at reset); a real backend keeps a

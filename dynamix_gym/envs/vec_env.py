@@ -24,6 +24,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
 from dynamix_gym.envs.hetero_cluster import DISCRETE_ACTION_MODES, HeteroClusterEnv
+from dynamix_gym.learning.central_critic import critic_state_dim, with_critic_state
 from dynamix_gym.schema import get_schema
 
 
@@ -99,8 +100,6 @@ class PerWorkerVecEnv(VecEnv):
         self.critic_state = bool(critic_state)
         dim = self.schema.per_worker_dim
         if self.critic_state:
-            from dynamix_gym.learning.central_critic import critic_state_dim
-
             dim += critic_state_dim(self.schema.worker_dim)
         obs_space = spaces.Box(-1.0, 1.0, (dim,), np.float32)
         super().__init__(int(self.offsets[-1]), obs_space, spaces.Discrete(n_actions.pop()))
@@ -195,8 +194,6 @@ class PerWorkerVecEnv(VecEnv):
     def _rows(self, obs: np.ndarray, n: int) -> np.ndarray:
         rows = self.schema.split_centralised(obs, n)
         if self.critic_state:
-            from dynamix_gym.learning.central_critic import with_critic_state
-
             rows = with_critic_state(rows, self.schema.worker_dim)
         return rows
 

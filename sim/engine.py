@@ -51,6 +51,12 @@ HOST_BASELINE_GIB = 3.0
 PREFETCH_BATCHES = 2
 
 
+def validation_sd(quality: float, samples: int) -> float:
+    """The standard deviation of a validation quality measured on ``samples`` held-out samples
+    around its true value ``quality`` (binomial)."""
+    return math.sqrt(quality * (1.0 - quality) / samples)
+
+
 class Simulator:
     """Simulated synchronous data-parallel training of ``workload`` on ``cluster`` under ``scenario``.
 
@@ -485,7 +491,7 @@ class Simulator:
         sd_train = np.sqrt(acc_train * (1.0 - acc_train) / n_seen)
         batch_acc = np.where(took_part, np.clip(acc_train + sd_train * noise.normal[:-1], 0.0, 1.0), 0.0)
         acc_val = conv.accuracy(progress, memory)
-        sd_val = math.sqrt(acc_val * (1.0 - acc_val) / wl.val_samples)
+        sd_val = validation_sd(acc_val, wl.val_samples)
         val_acc = float(np.clip(acc_val + sd_val * noise.normal[-1], 0.0, 1.0))
         batch_loss = np.where(took_part, loss_from_accuracy(batch_acc, wl.num_classes), 0.0)
 

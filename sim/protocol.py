@@ -287,7 +287,18 @@ class GroundTruth(Protocol):
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         """Training progress (base-batch steps) one step at ``global_batch`` makes at ``progress``."""
 
-    def progress_to_target(self, global_batches: np.ndarray) -> np.ndarray:
-        """Progress at which the true validation quality would reach the target if each of
-        ``global_batches`` were held from now on (the accuracy model's batch memory moving toward
-        it); ``inf`` where it never would."""
+    def progress_to_target(self, global_batches: np.ndarray, quality: float | None = None) -> np.ndarray:
+        """Progress at which the true validation quality would reach the target (or ``quality``) if
+        each of ``global_batches`` were held from now on (the accuracy model's batch memory moving
+        toward it); ``inf`` where it never would."""
+
+    def validation_sd(self, quality: float) -> float:
+        """The standard deviation of the measured validation quality around a true ``quality``."""
+
+    @property
+    def reconfig_delay_s(self) -> float:
+        """The pause an interval pays when any local batch changes at its start (s)."""
+
+    @property
+    def interval_overhead_s(self) -> float:
+        """The fixed wall time every interval costs besides its iterations (s)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.cluster import ClusterSpec, default_cluster
-from sim.engine import Simulator
+from sim.engine import Simulator, validation_sd
 from sim.faults import Scenario
 from sim.profile import ClusterProfile
 from sim.protocol import BackendSpec, IntervalReport
@@ -87,14 +87,26 @@ class SimGroundTruth:
     def progress_per_step(self, global_batch: float, progress: float) -> float:
         return self._sim.convergence.progress_per_step(global_batch, progress)
 
-    def progress_to_target(self, global_batches: np.ndarray) -> np.ndarray:
+    def progress_to_target(self, global_batches: np.ndarray, quality: float | None = None) -> np.ndarray:
         sim = self._sim
         memory = sim.batch_memory_log2
         if memory is None:  # before the first interval: the memory starts at the first batch
             memory = math.log2(float(np.max(global_batches)))
+        target = sim.workload.target_quality if quality is None else float(quality)
         return sim.convergence.progress_to_accuracy(
-            sim.workload.target_quality, np.asarray(global_batches, dtype=np.float64), sim.progress, memory
+            target, np.asarray(global_batches, dtype=np.float64), sim.progress, memory
         )
+
+    def validation_sd(self, quality: float) -> float:
+        return float(validation_sd(quality, self._sim.workload.val_samples))
+
+    @property
+    def reconfig_delay_s(self) -> float:
+        return float(self._sim.reconfig_delay_s)
+
+    @property
+    def interval_overhead_s(self) -> float:
+        return float(self._sim.interval_overhead_s)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimGroundTruth)

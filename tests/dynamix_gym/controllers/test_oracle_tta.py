@@ -9,6 +9,7 @@ import pytest
 
 from dynamix_gym.controllers.oracle import OracleController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from sim.cluster import mixed_cluster
 
 
 def global_batches(objective: str, steps: int = 40) -> tuple[list[int], HeteroClusterEnv]:
@@ -46,3 +47,84 @@ def test_time_to_target_oracle_arguments_are_checked():
         OracleController(objective="fastest")
     with pytest.raises(ValueError, match=r"batch_penalty must be 0 with objective='time_to_target'"):
         OracleController(objective="time_to_target")
+
+
+def run_oracle(oracle: OracleController, workload: str, seed: int, **env_kw) -> tuple[list, HeteroClusterEnv]:
+    """Every interval's report of one episode driven by ``oracle``."""
+    env_kw.setdefault("workers", None if "cluster" in env_kw else 8)
+    env = HeteroClusterEnv(workload=workload, action_mode="absolute", interval=50, **env_kw)
+    obs, info = env.reset(seed=seed)
+    oracle.reset(env.backend.spec, np.random.default_rng(seed))
+    reports = [info["report"]]
+    for _ in range(2000):
+        action, _ = oracle.predict(obs, info)
+        obs, _, terminated, truncated, info = env.step(action)
+        reports.append(info["report"])
+        if terminated or truncated:
+            break
+    return reports, env
+
+
+TTA = {"objective": "time_to_target", "batch_penalty": 0.0}
+
+
+@pytest.mark.parametrize(("scenario", "seed"), [("jitter", 0), ("jitter", 1), ("static_hetero", 1)])
+def test_the_end_game_pays_no_pause_for_a_batch_that_finishes_in_the_same_interval(scenario, seed):
+    # NCF on 4 A100s beside 4 T4s reaches its target within four 50-iteration intervals: the plain
+    # time-to-target oracle moves to a larger global batch for the last one (a 1 s pause for a
+    # target it reaches in that interval either way); the end game holds and finishes sooner.
+    cluster = mixed_cluster({"A100": 4, "T4": 4})
+    plain, _ = run_oracle(OracleController(**TTA), "ncf", seed, cluster=cluster, scenario=scenario)
+    end, env = run_oracle(
+        OracleController(**TTA, endgame_intervals=10), "ncf", seed, cluster=cluster, scenario=scenario
+    )
+    target = env.backend.spec.target_accuracy
+    assert plain[-1].val_accuracy >= target and end[-1].val_accuracy >= target
+    assert plain[-1].reconfig_time_s == 1.0  # the simulator's default pause, paid in the last interval
+    assert end[-1].reconfig_time_s == 0.0
+    assert end[-1].wall_time_s < plain[-1].wall_time_s - 1.0
+
+
+def test_the_ground_truth_tells_the_pause_overhead_and_measurement_noise():
+    env = HeteroClusterEnv(
+        workers=4, workload="ncf", sim_kwargs={"reconfig_delay_s": 0.5, "interval_overhead_s": 0.2}
+    )
+    env.reset(seed=0)
+    truth = env.backend.ground_truth
+    assert (truth.reconfig_delay_s, truth.interval_overhead_s) == (0.5, 0.2)
+    # NCF's 6,040 held-out users: a binomial standard deviation at a true quality of 0.68
+    assert truth.validation_sd(0.68) == pytest.approx(math.sqrt(0.68 * 0.32 / 6040))
+    # a lower quality is reached no later than the target, on the same held batch
+    batches = np.array([2048.0, 65536.0])
+    assert np.all(truth.progress_to_target(batches, 0.5) <= truth.progress_to_target(batches))
+
+
+def test_the_end_game_leaves_the_decisions_far_from_the_target_alone():
+    plain, _ = run_oracle(OracleController(**TTA), "cifar10", 1, scenario="throttle")
+    end, _ = run_oracle(OracleController(**TTA, endgame_intervals=3), "cifar10", 1, scenario="throttle")
+    assert len(plain) > 40  # a long run: the end game covers its last few intervals at most
+    same = [np.array_equal(a.local_batch, b.local_batch) for a, b in zip(plain, end, strict=False)]
+    assert all(same[: len(plain) - 10])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"objective": "time_to_target", "batch_penalty": 0.0, "endgame_intervals": 0},
+            "endgame_intervals must be an integer >= 1",
+        ),
+        (
+            {"objective": "time_to_target", "batch_penalty": 0.0, "endgame_intervals": True},
+            "endgame_intervals must be an integer >= 1",
+        ),
+        (
+            {"objective": "time_to_target", "batch_penalty": 0.0, "endgame_intervals": 2.5},
+            "endgame_intervals must be an integer >= 1",
+        ),
+        ({"endgame_intervals": 3}, "endgame_intervals needs objective='time_to_target'"),
+    ],
+)
+def test_end_game_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        OracleController(**kwargs)

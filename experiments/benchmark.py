@@ -175,7 +175,7 @@ def run_task(cfg: DictConfig, out: Path) -> float:
         "task": name,
         "split": str(cfg.split),
         "seed": int(cfg.seed),
-        "label": str(cfg.label or controller.name),
+        "label": str(cfg.label or controller.name),  # the orchestrating run passes default_label
         "controller": summary["controller"],
         "workload": task["workload"],
         "cluster": task["cluster"],
@@ -236,12 +236,14 @@ def multirun_command(cfg: DictConfig, sweep_dir: Path) -> list[str]:
 
 def orchestrate(cfg: DictConfig) -> dict[str, Any]:
     check_suite(cfg.benchmark)
-    label = str(cfg.label or _controller_name(cfg))
+    label = default_label(cfg)
     split = str(cfg.split)
     root = Path(to_absolute_path(str(cfg.out_root)))
     sweep_dir = root / label / split / "runs"
     if not cfg.score_only:
         cmd = multirun_command(cfg, sweep_dir)
+        if not cfg.get("label"):  # every job records the label its runs are scored under
+            cmd.append(f"label={label}")
         log.info("benchmark %s, split %s: %s", label, split, " ".join(cmd))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
         subprocess.run(cmd, check=True, cwd=os.getcwd(), env=env)
@@ -250,8 +252,18 @@ def orchestrate(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-def _controller_name(cfg: DictConfig) -> str:
-    return str(instantiate(cfg.controller).name)
+def default_label(cfg: DictConfig) -> str:
+    """``label``, or the name of the controller config it ran (``controller=oracle_tta_endgame``
+    -> ``oracle_tta_endgame``), or, outside a Hydra run, the controller's own name. Two configs of
+    one controller class (``oracle``, ``oracle_tta``) so never share a label's folder, where the
+    class name would have written the second over the first's committed runs."""
+    if cfg.get("label"):
+        return str(cfg.label)
+    try:
+        choice = HydraConfig.get().runtime.choices.get("controller")
+    except ValueError:  # no Hydra run (a composed config)
+        choice = None
+    return str(choice) if choice else str(instantiate(cfg.controller).name)
 
 
 def benchmark_command(cfg: DictConfig) -> str:

@@ -205,3 +205,28 @@ def test_benchmark_tiny_split_end_to_end(tmp_path):
         assert f"| tiny | {label} |" in index
     assert (root / "tiny_ratios.png").stat().st_size > 1000
     assert "python -m experiments.benchmark" in (root / "dlb" / "tiny" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label"),
+    [
+        (["controller=oracle_tta_endgame"], "oracle_tta_endgame"),
+        (["controller=oracle_tta"], "oracle_tta"),
+        (["controller=oracle"], "oracle"),
+        (["controller=oracle_tta", "label=oracle-tta"], "oracle-tta"),
+    ],
+)
+def test_the_default_label_is_the_controller_configs_name(overrides, label):
+    # Two configs of one controller class (OracleController) once both wrote to results/benchmark/oracle.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from experiments.benchmark import default_label
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("benchmark", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        try:
+            assert default_label(cfg) == label
+        finally:
+            HydraConfig.instance().cfg = None

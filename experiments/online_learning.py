@@ -164,7 +164,8 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
         serving = store.get()
         obs = np.array([t[2] for t in learner.transitions()], dtype=np.float32)
         rng = np.random.default_rng(int(cfg.seed) + 2)
-        poison_cfg = LearnerConfig(**{**plain(cfg.learner), **plain(cfg.poison.learner)})
+        # the poison is logged transitions: PPO's update takes them whatever mode served the stream
+        poison_cfg = LearnerConfig(**{**plain(cfg.learner), "mode": "ppo", **plain(cfg.poison.learner)})
         learner.config = poison_cfg
         learner._buffer.clear()
         learner.add_transitions(_poison(serving.bundle, obs, int(cfg.poison.transitions), rng))

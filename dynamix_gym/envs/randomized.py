@@ -96,6 +96,10 @@ class DomainRandomization:
     lr_unstable_exponent: tuple[float, float] = (0.5, 1.5)
     compound_probability: float = 0.0
     compound_families: tuple[int, int] = (2, 3)
+    #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
+    #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
+    #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
+    cluster: Any = None
 
     def __post_init__(self) -> None:
         check_int("domain.workers", self.workers, 2, 4096)
@@ -139,6 +143,18 @@ class DomainRandomization:
             raise ValueError("domain.scenarios and domain.workloads must not be empty")
         for name in self.scenarios:
             get_scenario(name)
+        if self.cluster is not None:
+            if self.profile is not None:
+                raise ValueError(
+                    "domain.cluster and domain.profile are exclusive (a profile names its cluster)"
+                )
+            size = getattr(self.cluster, "num_workers", None)
+            if size is None:
+                raise ValueError(
+                    f"domain.cluster must be a sim.cluster.ClusterSpec, got {type(self.cluster).__name__}"
+                )
+            if self.workers != size:
+                raise ValueError(f"domain.workers is {self.workers} but domain.cluster has {size} workers")
         if self.profile is not None:
             size = self.profile_spec().cluster.num_workers
             if self.workers != size:
@@ -162,7 +178,9 @@ class DomainRandomization:
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         n = self.workers
-        if self.profile is None and self.gpu_types:
+        if self.cluster is not None:
+            cluster = self.cluster
+        elif self.profile is None and self.gpu_types:
             cluster = self._generated_mix(rng)
         elif self.profile is None:
             n_t4 = int(np.clip(round(n * rng.uniform(*self.t4_fraction)), 1, n - 1))

@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 
 #: How a candidate's validation is compared with its parent's (``LearnerConfig.validation_score``).
 VALIDATION_SCORES = ("mean", "geomean")
+#: How a candidate is made (``LearnerConfig.mode``): ``ppo`` on the logged transitions, or
+#: ``replica``: DAgger on simulated replicas of the jobs served (:meth:`OnlineLearner.update_replica`).
+LEARNER_MODES = ("ppo", "replica")
+#: Replicas (distinct cluster, workload, interval) the replica learner keeps, the newest first.
+MAX_REPLICAS = 32
 
 
 @dataclass
@@ -70,6 +75,12 @@ class LearnerConfig:
     # how a candidate's validation is compared with its parent's (VALIDATION_SCORES): "mean", the
     # mean TTA in seconds; "geomean", the geometric mean over tasks of candidate / parent
     validation_score: str = "mean"
+    # how candidates are made (LEARNER_MODES); the replica learner's DAgger episodes per update (over
+    # all replicas), cloning epochs and Adam learning rate
+    mode: str = "ppo"
+    replica_episodes: int = 200
+    replica_epochs: int = 20
+    replica_learning_rate: float = 3e-4
 
     def __post_init__(self) -> None:
         if not 0.0 < self.learning_rate <= 1e-2:
@@ -81,6 +92,15 @@ class LearnerConfig:
             raise ValueError("learner.window must be >= learner.update_every")
         if not 0.0 <= self.min_gain < 1.0 or self.rollback_tolerance < 0.0:
             raise ValueError("learner.min_gain must lie in [0, 1) and rollback_tolerance be >= 0")
+        if self.mode not in LEARNER_MODES:
+            raise ValueError(f"learner.mode must be one of {list(LEARNER_MODES)}, got {self.mode!r}")
+        for name in ("replica_episodes", "replica_epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"learner.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.replica_learning_rate <= 1e-2:
+            raise ValueError(
+                f"learner.replica_learning_rate must lie in (0, 0.01], got {self.replica_learning_rate}"
+            )
         if self.validation_score not in VALIDATION_SCORES:
             raise ValueError(
                 f"learner.validation_score must be one of {list(VALIDATION_SCORES)}, got {self.validation_score!r}"
@@ -138,6 +158,7 @@ class OnlineLearner:
         self._scores: dict[int, float] = {}
         self._task_scores: dict[int, dict[str, float]] = {}
         self.lineage: list[dict[str, Any]] = []
+        self._replicas: dict[tuple, dict[str, Any]] = {}
         self._load_lineage()
 
     # --- lineage -------------------------------------------------------------------------------------
@@ -246,6 +267,37 @@ class OnlineLearner:
     def buffered(self) -> int:
         return len(self._buffer)
 
+    def register(self, spec: Any, interval: int) -> bool:
+        """A job registered (its :class:`~sim.protocol.BackendSpec` and K): with ``mode=replica``,
+        remember its replica, the job's GPU types (one node per type), workload and interval, for
+        :meth:`update_replica`. A workload the simulator does not ship has no replica (``False``)."""
+        if self.config.mode != "replica":
+            return False
+        from sim.cluster import mixed_cluster
+        from sim.workloads import WORKLOADS
+
+        if spec.workload not in WORKLOADS:
+            return False
+        counts: dict[str, int] = {}
+        for g in spec.gpu_types:
+            counts[g] = counts.get(g, 0) + 1
+        key = (tuple(sorted(counts.items())), spec.workload, int(interval))
+        with self._lock:
+            self._replicas.pop(key, None)
+            self._replicas[key] = {
+                "cluster": mixed_cluster(counts),
+                "workload": spec.workload,
+                "interval": int(interval),
+            }
+            while len(self._replicas) > MAX_REPLICAS:
+                self._replicas.pop(next(iter(self._replicas)))
+        return True
+
+    @property
+    def replicas(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._replicas.values())
+
     # --- measurement and rollback --------------------------------------------------------------------
     def job_end(self, record: dict[str, Any]) -> None:
         """A job ended: its time to accuracy measures the version that served it."""
@@ -318,7 +370,8 @@ class OnlineLearner:
         ``skip_validation`` promotes the candidate without validating it (an operator's manual
         promotion; the measured rollback still guards it).
         """
-        if not (force or self.ready()) or not self._buffer:
+        replica = self.config.mode == "replica"
+        if not (force or self.ready()) or not (self.replicas if replica else self._buffer):
             return None
         with self._lock:
             # by trajectory (a stable sort keeps each one's order): concurrent jobs interleave their
@@ -328,7 +381,7 @@ class OnlineLearner:
         parent = self.store.get(self.name)
         parent_score = float("nan") if skip_validation else self.score(parent.version)
         parent_tasks = {} if skip_validation else self.task_scores(parent.version)
-        model, stats = self.update(parent.bundle, data)
+        model, stats = self.update_replica(parent.bundle) if replica else self.update(parent.bundle, data)
         version = max(e["version"] for e in self.lineage) + 1
         candidate = PolicyBundle(parent.bundle.path, parent.bundle.meta, model, parent.bundle.obs_norm)
         scores = {} if skip_validation else self.validate(candidate)
@@ -343,7 +396,8 @@ class OnlineLearner:
             "parent": parent.version,
             "transitions": len(data),
             "jobs": len({t[0] for t in data}),
-            "learning_rate": self.config.learning_rate,
+            "mode": self.config.mode,
+            "learning_rate": self.config.replica_learning_rate if replica else self.config.learning_rate,
             "update": stats,
             "validation_tta_s": None if skip_validation else cand_score,
             "validation_by_task": scores,
@@ -434,6 +488,84 @@ class OnlineLearner:
         values_out = model.logger.name_to_value
         stats = {k.split("/")[-1]: float(v) for k, v in values_out.items() if k.startswith("train/")}
         stats["samples"] = n
+        return model, stats
+
+    def _copy_model(self, parent: PolicyBundle):
+        """A fresh copy of ``parent``'s model with the serving weights."""
+        if parent.meta.algorithm == "maskable_ppo":
+            from sb3_contrib import MaskablePPO as algo
+        else:
+            from stable_baselines3 import PPO as algo
+        model = algo.load(parent.path / "model.zip", device="cpu")
+        model.policy.load_state_dict(parent.model.policy.state_dict())
+        return model
+
+    def update_replica(self, parent: PolicyBundle) -> tuple[Any, dict[str, float]]:
+        """A copy of ``parent``'s model after DAgger on simulated replicas of the jobs served.
+
+        Each replica is the simulator run on a served job's GPU types, workload and interval, with
+        the fault families, intensities and speed spread of the bundle's own training worlds (its
+        ``config.domain``); the candidate acts, the bundle's teacher (its ``expert_pretrain``'s
+        oracle, else the time-to-target oracle) labels every state it visits, and the policy is
+        cloned on those labels (cross-entropy, every episode weighted alike, with the value head's
+        regression) for ``replica_epochs`` at ``replica_learning_rate``: DYNAMIX's online
+        fine-tuning done in the service's simulator, on the clusters and jobs it actually serves.
+        """
+        from dynamix_gym.learning.imitation import collect_expert_data, pretrain
+
+        cfg, replicas = self.config, self.replicas
+        if not replicas:
+            raise RuntimeError("the replica learner has no registered job to replicate yet")
+        if parent.meta.algorithm not in ("ppo", "maskable_ppo") or parent.meta.obs_form != "per_worker":
+            raise ValueError("the replica learner fine-tunes per-worker PPO bundles only")
+        conf = dict(parent.meta.config or {})
+        teacher = dict(conf.get("expert_pretrain") or {})
+        expert = str(teacher.get("expert", "oracle"))
+        expert_kwargs = dict(
+            teacher.get("expert_kwargs") or {"objective": "time_to_target", "batch_penalty": 0.0}
+        )
+        base_domain = {
+            k: v
+            for k, v in dict(conf.get("domain") or {}).items()
+            if k not in ("gpu_types", "profile", "workers")
+        }
+        env_kwargs = {
+            **dict(conf.get("env") or {}),
+            "split": parent.meta.split,
+            "split_tolerance": parent.meta.split_tolerance,
+        }
+        model = self._copy_model(parent)
+        per = max(1, -(-int(cfg.replica_episodes) // len(replicas)))
+        data = None
+        for r in replicas:
+            domain = {**base_domain, "cluster": r["cluster"], "workloads": [r["workload"]]}
+            part = collect_expert_data(
+                domain,
+                {**env_kwargs, "interval": r["interval"]},
+                [r["cluster"].num_workers],
+                episodes=per,
+                gamma=float(model.gamma),
+                seed=int(self.rng.integers(2**31)),
+                expert=expert,
+                expert_kwargs=expert_kwargs,
+                policy=model,
+                obs_fn=parent.obs_norm,
+                action_mode=parent.meta.action_mode,
+            )
+            data = part if data is None else data + part
+        scale = float(np.sqrt(np.var(data.returns) + 1e-8))
+        obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
+        stats = pretrain(
+            model,
+            data,
+            obs_fn,
+            scale,
+            epochs=int(cfg.replica_epochs),
+            learning_rate=float(cfg.replica_learning_rate),
+            seed=int(self.rng.integers(2**31)),
+            per_episode=True,
+        )
+        stats.update(replicas=len(replicas), episodes=per * len(replicas), expert_mean_tta_s=data.mean_tta_s)
         return model, stats
 
     @staticmethod

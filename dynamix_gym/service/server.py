@@ -80,6 +80,11 @@ def bundle_reward(bundle: PolicyBundle) -> RewardConfig:
     return RewardConfig.from_any(bundle.meta.config.get("reward") or "dynamix")
 
 
+def policy_is_learned(learner: Any, name: str) -> bool:
+    """Whether ``learner`` fine-tunes the served bundle ``name`` (and takes registrations)."""
+    return getattr(learner, "name", None) == name and hasattr(learner, "register")
+
+
 class PolicyStore:
     """Served bundles by name; the learner swaps a name's version atomically."""
 
@@ -327,6 +332,11 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 )
             self._sessions[session.id] = session
         self.stats["registered"] += 1
+        if self.learner is not None and policy_is_learned(self.learner, served.name):
+            try:  # the replica learner remembers the job's cluster; a failure never refuses the job
+                self.learner.register(spec, int(request.interval))
+            except Exception:
+                log.exception("the learner could not take job %s's registration", request.job_id)
         self.log.append(
             {
                 "kind": "register",

@@ -284,3 +284,17 @@ def test_world_time_scale_needs_the_time_reward():
         RandomizedClusterEnv(domain={"workers": 2}, time_scale="world", reward="dynamix")
     with pytest.raises(ValueError, match=r"env\.time_scale"):
         RandomizedClusterEnv(domain={"workers": 2}, time_scale="minutes", reward="time")
+
+
+def test_a_fixed_domain_cluster_is_every_episodes_cluster():
+    from dynamix_gym.envs.randomized import DomainRandomization
+    from sim.cluster import mixed_cluster
+
+    cluster = mixed_cluster({"A100": 2, "T4": 2})
+    dom = DomainRandomization(workers=4, cluster=cluster, workloads=("ncf",))
+    rng = np.random.default_rng(0)
+    assert all(dom.sample(rng)["cluster"] is cluster for _ in range(5))
+    with pytest.raises(ValueError, match=r"domain\.workers is 8 but domain\.cluster has 4 workers"):
+        DomainRandomization(workers=8, cluster=cluster)
+    with pytest.raises(ValueError, match=r"domain\.cluster must be a sim\.cluster\.ClusterSpec"):
+        DomainRandomization(workers=4, cluster="a100_t4")

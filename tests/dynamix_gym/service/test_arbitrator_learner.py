@@ -234,3 +234,46 @@ def test_an_update_does_not_depend_on_the_order_concurrent_jobs_reported_in(bund
         weights.append(torch.nn.utils.parameters_to_vector(model.policy.parameters()).detach())
     assert torch.equal(weights[0], weights[1])
     assert not torch.equal(weights[0], torch.nn.utils.parameters_to_vector(bundle.model.policy.parameters()))
+
+
+def test_the_replica_learner_clones_its_teacher_on_replicas_of_the_jobs_it_served(tmp_path):
+    # mode=replica: a job's registration gives the learner its replica (GPU types, workload,
+    # interval); an update runs DAgger there (the candidate acts, the bundle's teacher labels).
+    from support import ROOT
+
+    from dynamix_gym.controllers.bundle import load_bundle
+
+    universal = load_bundle(ROOT / "results" / "policies" / "universal")
+    scores = iter([100.0, 99.0])  # parent, candidate (a stub validator: the gate's logic alone)
+    running = Running(universal, tmp_path / "t.jsonl", ServiceConfig(explore=True))
+    learner = _attach(
+        running, tmp_path, lambda b: {"t": next(scores)}, mode="replica", replica_episodes=2, replica_epochs=1
+    )
+    try:
+        env = HeteroClusterEnv(workers=4, workload="ncf", action_mode="absolute")
+        ctl = RemoteController(running.address, token=TOKEN, job_id="ncf-job", task="ncf4", timeout_s=10.0)
+        run_episode(env, ctl, 0)
+        ctl.close(final_report=env.unwrapped.last_report)
+        (replica,) = learner.replicas
+        assert replica["workload"] == "ncf" and replica["interval"] == 50
+        assert sorted(replica["cluster"].gpu_types) == sorted(env.unwrapped.backend.spec.gpu_types)
+        before = {k: v.clone() for k, v in universal.model.policy.state_dict().items()}
+        entry = learner.step(force=True)
+    finally:
+        running.stop()
+    assert entry["status"] == "promoted" and entry["mode"] == "replica"
+    assert entry["update"]["replicas"] == 1 and entry["update"]["episodes"] == 2
+    served = running.service.store.get("default")
+    assert served.version == entry["version"]
+    after = served.bundle.model.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the candidate was trained
+    assert all(torch.equal(before[k], universal.model.policy.state_dict()[k]) for k in before)  # a copy
+
+
+def test_replica_learner_settings_are_checked():
+    with pytest.raises(ValueError, match=r"learner\.mode must be one of"):
+        LearnerConfig(mode="bc")
+    with pytest.raises(ValueError, match=r"learner\.replica_episodes must be >= 1"):
+        LearnerConfig(replica_episodes=0)
+    with pytest.raises(ValueError, match=r"learner.replica_learning_rate must lie in \(0, 0.01\]"):
+        LearnerConfig(replica_learning_rate=0.5)

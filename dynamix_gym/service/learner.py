@@ -436,20 +436,15 @@ class OnlineLearner:
     def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
         """A copy of ``parent``'s model after one PPO update on ``data`` (sb3-contrib's MaskablePPO
         update, with each decision's logged legal steps, for a maskable bundle)."""
-        from stable_baselines3 import PPO
         from stable_baselines3.common.buffers import RolloutBuffer
         from stable_baselines3.common.logger import configure
 
         maskable = parent.meta.algorithm == "maskable_ppo"
         if maskable:
-            from sb3_contrib import MaskablePPO
-            from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
-
-            algo, buffer_cls = MaskablePPO, MaskableRolloutBuffer
+            from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer as buffer_cls
         else:
-            algo, buffer_cls = PPO, RolloutBuffer
-        model = algo.load(parent.path / "model.zip", device="cpu")
-        model.policy.load_state_dict(parent.model.policy.state_dict())  # the serving weights
+            buffer_cls = RolloutBuffer
+        model = self._copy_model(parent)  # the serving weights
         cfg = self.config
         obs, actions, values, logp, adv, returns = self._gae(
             data, float(model.gamma), float(model.gae_lambda)

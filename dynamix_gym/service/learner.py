@@ -34,7 +34,7 @@ import json
 import logging
 import threading
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -278,10 +278,8 @@ class OnlineLearner:
 
         if spec.workload not in WORKLOADS:
             return False
-        counts: dict[str, int] = {}
-        for g in spec.gpu_types:
-            counts[g] = counts.get(g, 0) + 1
-        key = (tuple(sorted(counts.items())), spec.workload, int(interval))
+        counts = dict(sorted(Counter(spec.gpu_types).items()))
+        key = (tuple(counts.items()), spec.workload, int(interval))
         with self._lock:
             self._replicas.pop(key, None)
             self._replicas[key] = {
@@ -530,6 +528,7 @@ class OnlineLearner:
             "split_tolerance": parent.meta.split_tolerance,
         }
         model = self._copy_model(parent)
+        obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
         per = max(1, -(-int(cfg.replica_episodes) // len(replicas)))
         data = None
         for r in replicas:
@@ -544,12 +543,11 @@ class OnlineLearner:
                 expert=expert,
                 expert_kwargs=expert_kwargs,
                 policy=model,
-                obs_fn=parent.obs_norm,
+                obs_fn=obs_fn,
                 action_mode=parent.meta.action_mode,
             )
             data = part if data is None else data + part
         scale = float(np.sqrt(np.var(data.returns) + 1e-8))
-        obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
         stats = pretrain(
             model,
             data,

@@ -21,11 +21,24 @@ Every ``update_every`` new transitions, :meth:`OnlineLearner.step`:
    learning rate, scores) and the service swaps to it; otherwise it is rejected and logged.
 
 Rollback: a promoted version is then *measured* on the jobs it serves. Every job that ends
-(target reached, or its time budget spent) served by one version gives a time to accuracy; each is
-divided by the parent's mean on jobs of the same task. When ``rollback_window`` such ratios of the
-serving version average above ``1 + rollback_tolerance``, the service rolls back to the parent, the
-version is marked ``rolled_back`` in ``lineage.json`` and the experience gathered under it is
-dropped. Every event is appended to the service's transition log as well.
+(target reached, or its time budget spent) served by one version gives a time to accuracy. Once
+``rollback_window`` jobs of the serving version have ended, :meth:`OnlineLearner.regression`
+compares them with the parent's jobs on the same tasks (``rollback_test``):
+
+- ``stratified`` (the default): the log time to accuracy's difference to the parent per task,
+  pooled over tasks with inverse-variance weights (a task with more jobs on both sides counts
+  more); the seed noise is the pooled within-group variance of every (version, task) group the
+  service measured with two jobs or more. The version is rolled back when its ratio to the parent,
+  ``exp(difference)``, exceeds ``1 + rollback_tolerance`` *and* a one-sided t-test (scipy) finds it
+  slower at level ``rollback_alpha``; while there is no noise estimate yet (one job per group), only
+  a gross regression, a ratio above ``1 + rollback_gross``, rolls back. A job's seed moves its time
+  to accuracy by 10-30% on the mixed-fault tasks, as much as a version's effect, so one wave of
+  one job per task cannot tell a regression from seed noise.
+- ``window``: the mean of the last ``rollback_window`` ratios (a job's time over the parent's mean
+  on its task) above ``1 + rollback_tolerance`` (the rule before the test; kept for comparison).
+
+A rolled-back version is marked ``rolled_back`` in ``lineage.json`` and the experience gathered
+under it is dropped. Every event is appended to the service's transition log as well.
 """
 
 from __future__ import annotations
@@ -54,6 +67,8 @@ VALIDATION_SCORES = ("mean", "geomean")
 #: How a candidate is made (``LearnerConfig.mode``): ``ppo`` on the logged transitions, or
 #: ``replica``: DAgger on simulated replicas of the jobs served (:meth:`OnlineLearner.update_replica`).
 LEARNER_MODES = ("ppo", "replica")
+#: How a promoted version's measured regression is decided (``LearnerConfig.rollback_test``).
+ROLLBACK_TESTS = ("stratified", "window")
 #: Replicas (distinct cluster, workload, interval) the replica learner keeps, the newest first.
 MAX_REPLICAS = 32
 
@@ -71,7 +86,10 @@ class LearnerConfig:
     ent_coef: float = 0.0
     min_gain: float = 0.005  # validation TTA must fall by this fraction for a promotion
     rollback_window: int = 3  # measured jobs of a promoted version before it is judged
-    rollback_tolerance: float = 0.05  # mean TTA ratio to the parent above 1 + this: roll back
+    rollback_tolerance: float = 0.05  # TTA ratio to the parent above 1 + this (and significant): roll back
+    rollback_test: str = "stratified"  # ROLLBACK_TESTS: how a measured regression is decided
+    rollback_alpha: float = 0.05  # the one-sided t-test's level (stratified)
+    rollback_gross: float = 0.25  # ratio above 1 + this rolls back without a test (stratified)
     # how a candidate's validation is compared with its parent's (VALIDATION_SCORES): "mean", the
     # mean TTA in seconds; "geomean", the geometric mean over tasks of candidate / parent
     validation_score: str = "mean"
@@ -100,6 +118,17 @@ class LearnerConfig:
         if not 0.0 < self.replica_learning_rate <= 1e-2:
             raise ValueError(
                 f"learner.replica_learning_rate must lie in (0, 0.01], got {self.replica_learning_rate}"
+            )
+        if self.rollback_test not in ROLLBACK_TESTS:
+            raise ValueError(
+                f"learner.rollback_test must be one of {list(ROLLBACK_TESTS)}, got {self.rollback_test!r}"
+            )
+        if not 0.0 < self.rollback_alpha < 1.0:
+            raise ValueError(f"learner.rollback_alpha must lie in (0, 1), got {self.rollback_alpha}")
+        if not self.rollback_gross > self.rollback_tolerance:
+            raise ValueError(
+                f"learner.rollback_gross must exceed rollback_tolerance ({self.rollback_tolerance}), "
+                f"got {self.rollback_gross}"
             )
         if self.validation_score not in VALIDATION_SCORES:
             raise ValueError(
@@ -293,8 +322,10 @@ class OnlineLearner:
 
     @property
     def replicas(self) -> list[dict[str, Any]]:
+        """The remembered replicas in the order of their keys, not of registration: concurrent jobs
+        register in any order, and each replica's collection seed is drawn in this order."""
         with self._lock:
-            return list(self._replicas.values())
+            return [self._replicas[k] for k in sorted(self._replicas, key=repr)]
 
     # --- measurement and rollback --------------------------------------------------------------------
     def job_end(self, record: dict[str, Any]) -> None:
@@ -320,17 +351,66 @@ class OnlineLearner:
                 out += [t / mean_ref for t in ttas]
         return out
 
+    def regression(self, version: int) -> dict[str, Any] | None:
+        """The measured regression of ``version`` against its parent, or ``None`` before
+        ``rollback_window`` of its jobs have ended: ``ratio`` (its time to accuracy over the
+        parent's), ``jobs``, ``rollback`` (the decision) and, for the stratified test, ``p_value``
+        and ``df`` (``None`` without a noise estimate)."""
+        entry = self._entry(version)
+        parent = entry.get("parent")
+        if parent is None:
+            return None
+        cfg = self.config
+        with self._lock:
+            measured = {k: list(v) for k, v in self._measured.items()}
+        jobs = sum(len(t) for (v, _), t in measured.items() if v == version)
+        if jobs < cfg.rollback_window:
+            return None
+        if cfg.rollback_test == "window":
+            ratios = self.ratios(version)[-cfg.rollback_window :]
+            if not ratios:
+                return None
+            ratio = float(np.mean(ratios))
+            return {"ratio": ratio, "jobs": jobs, "rollback": ratio > 1.0 + cfg.rollback_tolerance}
+        from scipy import stats
+
+        logs = {k: np.log(np.asarray(t, dtype=np.float64)) for k, t in measured.items()}
+        diffs, weights = [], []
+        for (v, task), lv in logs.items():
+            lp = logs.get((int(parent), task))
+            if v == version and lp is not None and len(lp):
+                diffs.append(float(lv.mean() - lp.mean()))
+                weights.append(len(lv) * len(lp) / (len(lv) + len(lp)))
+        if not diffs:
+            return None
+        w = np.asarray(weights)
+        effect = float(np.dot(w, diffs) / w.sum())
+        ratio = float(np.exp(effect))
+        ss = sum(float(((lv - lv.mean()) ** 2).sum()) for lv in logs.values() if len(lv) > 1)
+        df = sum(len(lv) - 1 for lv in logs.values() if len(lv) > 1)
+        out: dict[str, Any] = {"ratio": ratio, "jobs": jobs, "p_value": None, "df": df or None}
+        if ratio <= 1.0 + cfg.rollback_tolerance:
+            out["rollback"] = False
+        elif ratio > 1.0 + cfg.rollback_gross:
+            out["rollback"] = True
+        elif df < 1 or ss <= 0.0:
+            out["rollback"] = False  # no noise estimate yet: wait for a second job of some group
+        else:
+            se = float(np.sqrt(ss / df / w.sum()))
+            out["p_value"] = float(stats.t.sf(effect / se, df))
+            out["rollback"] = out["p_value"] < cfg.rollback_alpha
+        return out
+
     def _check_rollback(self) -> None:
         served = self.store.get(self.name)
         entry = self._entry(served.version)
-        if entry.get("parent") is None:
+        found = self.regression(served.version)
+        if found is None:
             return
-        ratios = self.ratios(served.version)
-        if len(ratios) < self.config.rollback_window:
-            return
-        mean = float(np.mean(ratios[-self.config.rollback_window :]))
+        mean = found["ratio"]
         entry["measured_tta_ratio"] = mean
-        if mean <= 1.0 + self.config.rollback_tolerance:
+        entry["measured"] = {k: v for k, v in found.items() if k != "ratio"}
+        if not found["rollback"]:
             self._write_lineage()
             return
         parent = int(entry["parent"])
@@ -343,7 +423,9 @@ class OnlineLearner:
                 (t for t in self._buffer if t[9] != served.version), maxlen=self.config.window
             )
             self._new = 0
-        self._event("rollback", version=served.version, parent=parent, measured_tta_ratio=mean)
+        self._event(
+            "rollback", version=served.version, parent=parent, measured_tta_ratio=mean, **entry["measured"]
+        )
 
     # --- updates -----------------------------------------------------------------------------------------
     def score(self, version: int) -> float:

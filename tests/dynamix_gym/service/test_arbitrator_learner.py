@@ -13,7 +13,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
 from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
-from dynamix_gym.service.server import ServiceConfig
+from dynamix_gym.service.server import PolicyStore, ServiceConfig
 from dynamix_gym.service.translog import read_log
 
 TASK = {"workers": 4, "scenario": "throttle"}  # cifar10 on 2 T4 + 2 V100: min batches miss the target
@@ -116,7 +116,7 @@ def test_the_geomean_gate_weighs_every_validation_task_alike(bundle, tmp_path, s
         LearnerConfig(validation_score="median")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accuracy(bundle, tmp_path):
     running = Running(bundle, tmp_path / "t.jsonl")
     learner = _attach(
@@ -131,24 +131,81 @@ def test_a_poisoned_experience_stream_is_rolled_back_on_measured_time_to_accurac
         clip_range=100.0,  # follows its data closely (one clipped PPO step moves a policy little)
         rollback_window=2,
     )
+    seeds = range(100, 104)
     try:
-        before = [_serve_job(running, f"pre{s}", s) for s in (100, 101)]  # the pretrained version, measured
+        before = [_serve_job(running, f"pre{s}", s) for s in seeds]  # the pretrained version, measured
         records = list(read_log(running.log_path))
-        learner.add_transitions(_poison(bundle, records, 2048))
+        learner.add_transitions(_poison(bundle, records, 8192))
         entry = learner.step(force=True, skip_validation=True)  # let it through: the rollback must catch it
         assert entry["status"] == "promoted" and running.service.store.get().version == 1
-        after = [_serve_job(running, f"post{s}", s) for s in (100, 101)]
+        after = []  # the poisoned version serves the same seeds until the measurement rolls it back
+        for s in seeds:
+            after.append(_serve_job(running, f"post{s}", s))
+            if running.service.store.get().version == 0:
+                break
     finally:
         running.stop()
     assert all(s["reached_target"] for s in before)
-    tta_before = np.mean([s["time_to_accuracy_s"] for s in before])
     # the poisoned policy shrinks batches: slower to the target (or missing it within the budget)
+    tta_before = np.mean([s["time_to_accuracy_s"] for s in before[: len(after)]])
     assert np.mean([s["total_time_s"] for s in after]) > 1.1 * tta_before
     assert running.service.store.get().version == 0  # rolled back to the parent
     lineage = json.loads((tmp_path / "versions" / "lineage.json").read_text())["versions"]
+    measured = lineage[-1]["measured"]
     assert lineage[-1]["status"] == "rolled_back" and lineage[-1]["measured_tta_ratio"] > 1.05
+    assert measured["rollback"] and (measured["p_value"] is None or measured["p_value"] < 0.05)
     events = [r["kind"] for r in read_log(running.log_path) if r["kind"] in ("promote", "rollback")]
     assert events == ["promote", "rollback"]
+
+
+def _measured_learner(tmp_path, bundle, measured: dict, **config) -> OnlineLearner:
+    """A learner whose serving version 1 (parent 0) has the given measured jobs {(version, task): ttas}."""
+    store = PolicyStore({"default": bundle})
+    learner = OnlineLearner(
+        store, "default", tmp_path / "v", validate=lambda b: {"t": 1.0}, config=LearnerConfig(**config)
+    )
+    learner.lineage.append({"version": 1, "parent": 0, "status": "promoted"})
+    for key, ttas in measured.items():
+        learner._measured[key] = list(ttas)
+    return learner
+
+
+def test_the_stratified_rollback_test_tells_a_regression_from_seed_noise(bundle, tmp_path):
+    """One job per task and version is seed noise to the test (no noise estimate: only a gross
+    regression rolls back); the same ratio over repeated jobs is a regression; the older window rule
+    rolls back on the one wave."""
+    one_wave = {(0, "a"): [500.0], (0, "b"): [40.0], (1, "a"): [557.0], (1, "b"): [49.0]}
+    found = _measured_learner(tmp_path / "1", bundle, one_wave, rollback_window=2).regression(1)
+    assert found["ratio"] == pytest.approx(np.exp(np.mean([np.log(557 / 500), np.log(49 / 40)])))
+    assert found["df"] is None and found["p_value"] is None and not found["rollback"]
+    window = _measured_learner(tmp_path / "2", bundle, one_wave, rollback_window=2, rollback_test="window")
+    assert window.regression(1)["rollback"]
+    rng = np.random.default_rng(0)
+    noise = lambda n: np.exp(rng.normal(0.0, 0.03, n))  # noqa: E731
+    repeated = {
+        (0, "a"): 500 * noise(6),
+        (0, "b"): 40 * noise(6),
+        (1, "a"): 1.15 * 500 * noise(6),
+        (1, "b"): 1.15 * 40 * noise(6),
+    }
+    found = _measured_learner(tmp_path / "3", bundle, repeated, rollback_window=2).regression(1)
+    assert found["ratio"] == pytest.approx(1.15, abs=0.03)
+    assert found["df"] == 20 and found["p_value"] < 1e-6 and found["rollback"]
+    same = {k: (500 if k[1] == "a" else 40) * noise(6) for k in repeated}
+    found = _measured_learner(tmp_path / "4", bundle, same, rollback_window=2).regression(1)
+    assert not found["rollback"]
+    gross = {(0, "a"): [500.0], (1, "a"): [700.0]}
+    assert _measured_learner(tmp_path / "5", bundle, gross, rollback_window=1).regression(1)["rollback"]
+    assert (
+        _measured_learner(tmp_path / "6", bundle, {(0, "a"): [500.0]}, rollback_window=1).regression(1)
+        is None
+    )
+    with pytest.raises(ValueError, match=r"learner\.rollback_test must be one of"):
+        LearnerConfig(rollback_test="vote")
+    with pytest.raises(ValueError, match=r"learner\.rollback_alpha must lie in"):
+        LearnerConfig(rollback_alpha=1.5)
+    with pytest.raises(ValueError, match=r"learner\.rollback_gross must exceed"):
+        LearnerConfig(rollback_gross=0.01)
 
 
 def test_a_masked_bundle_learns_from_its_logged_masks(tmp_path):
@@ -268,6 +325,30 @@ def test_the_replica_learner_clones_its_teacher_on_replicas_of_the_jobs_it_serve
     after = served.bundle.model.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the candidate was trained
     assert all(torch.equal(before[k], universal.model.policy.state_dict()[k]) for k in before)  # a copy
+
+
+def test_replicas_come_in_the_same_order_whatever_order_jobs_registered_in(bundle, tmp_path):
+    # each replica's collection seed is drawn in this order: concurrent registrations must not move it
+    from types import SimpleNamespace
+
+    specs = [
+        SimpleNamespace(gpu_types=["T4", "V100"], workload="cifar10"),
+        SimpleNamespace(gpu_types=["A100", "T4", "T4"], workload="ncf"),
+        SimpleNamespace(gpu_types=["V100"] * 4, workload="bert"),
+    ]
+    orders = []
+    for k, perm in enumerate(([0, 1, 2], [2, 0, 1], [1, 2, 0])):
+        learner = OnlineLearner(
+            PolicyStore({"default": bundle}),
+            "default",
+            tmp_path / f"v{k}",
+            validate=lambda b: {"t": 1.0},
+            config=LearnerConfig(mode="replica"),
+        )
+        for i in perm:
+            assert learner.register(specs[i], 50)
+        orders.append([(r["workload"], sorted(r["cluster"].gpu_types)) for r in learner.replicas])
+    assert orders[0] == orders[1] == orders[2] and len(orders[0]) == 3
 
 
 def test_replica_learner_settings_are_checked():

@@ -204,6 +204,9 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
                 "test_mean_tta_s": mean,
                 "ratio_to_pretrained": mean / base,
                 "test_by_task": scores,
+                # what the service measured of it on the stream's jobs (ratio to its parent, test)
+                "measured_tta_ratio": e.get("measured_tta_ratio"),
+                "measured": e.get("measured"),
             }
         )
     result = {
@@ -233,7 +236,14 @@ def to_markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Online fine-tuning through the arbitrator (experiments/online_learning.py)",
         "",
-        f"Stream: test tasks {', '.join(r['stream_tasks'])}; learning rate {r['learner']['learning_rate']:g}.",
+        f"Stream: test tasks {', '.join(r['stream_tasks'])}; learner mode {r['learner'].get('mode', 'ppo')}, "
+        + (
+            f"{r['learner']['replica_episodes']} DAgger episodes per update, {r['learner']['replica_epochs']} "
+            f"epochs at {r['learner']['replica_learning_rate']:g}"
+            if r["learner"].get("mode") == "replica"
+            else f"learning rate {r['learner']['learning_rate']:g}"
+        )
+        + f"; rollback test {r['learner'].get('rollback_test', 'window')}.",
         "",
         "## Waves served",
         "",
@@ -252,13 +262,26 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         f"## Curve: each version on the stream's test tasks, test seeds {r['score_seeds']}",
         "",
-        "| version | parent | status | test mean TTA (s) | ratio to pretrained |",
-        "|---|---|---|---|---|",
+        "Ratio: of the mean TTA (seconds: BERT's runs weigh most); gm: the geometric mean over the",
+        "stream's tasks of the version's TTA over the pretrained bundle's (every task alike).",
+        "",
+        "Measured: the service's own measurement on the stream's jobs it served, its TTA ratio to its",
+        "parent (the rollback test's estimate; p: the one-sided p-value, where computed).",
+        "",
+        "| version | parent | status | test mean TTA (s) | ratio to pretrained | gm | measured (jobs, p) | by task |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    base = r["curve"][0]["test_by_task"] if r["curve"] else {}
     for c in r["curve"]:
+        by = {t: c["test_by_task"][t] / base[t] for t in base}
+        gm = float(np.exp(np.mean(np.log(list(by.values())))))
+        m, mr = c.get("measured") or {}, c.get("measured_tta_ratio")
+        pv = "" if m.get("p_value") is None else f", p {m['p_value']:.3f}"
+        measured = "" if mr is None else f"{mr:.3f} ({m.get('jobs', '?')} jobs{pv})"
         lines.append(
             f"| v{c['version']} | {c['parent']} | {c['status']} | {c['test_mean_tta_s']:.1f} | "
-            f"{c['ratio_to_pretrained']:.3f} |"
+            f"{c['ratio_to_pretrained']:.3f} | {gm:.3f} | {measured} | "
+            f"{', '.join(f'{t} {x:.3f}' for t, x in by.items())} |"
         )
     p = r["poison"]
     g = p["validation_gate"]
@@ -270,7 +293,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"{g['validation_tta_s']:.1f} s vs parent {g['parent_validation_tta_s']:.1f} s)",
         f"- {'promoted by validation' if p['forced'] is None else 'then promoted without validation'}: "
         f"v{p['poisoned_version']}; measured TTA ratio to its parent on the jobs it served: "
-        f"{p['measured_tta_ratio']}; rolled back: {p['rolled_back']}",
+        f"{'-' if p['measured_tta_ratio'] is None else format(p['measured_tta_ratio'], '.3f')}; "
+        f"rolled back: {p['rolled_back']}",
         "",
     ]
     return "\n".join(lines)

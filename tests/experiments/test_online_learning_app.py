@@ -16,7 +16,8 @@ def test_a_tiny_stream_writes_the_curve_and_the_poison_check(tmp_path):
         "stream.tasks=[ncf_t4v100_mixed]",
         "stream.waves=3",
         "stream.update_every_waves=2",
-        "learner.learning_rate=1e-3",
+        "learner.replica_episodes=4",  # the default replica learner, kept small
+        "learner.replica_epochs=1",
         "learner.validation_score=geomean",
         "validation.tasks=[ncf_t4v100_jitter]",
         "validation.seeds=[100]",
@@ -36,4 +37,6 @@ def test_a_tiny_stream_writes_the_curve_and_the_poison_check(tmp_path):
     assert updates[1]["validation_ratio_to_parent"] > 0
     assert r["curve"][0]["version"] == 0 and r["curve"][0]["ratio_to_pretrained"] == 1.0
     assert r["poison"]["validation_gate"]["status"] in ("promoted", "rejected")
+    assert r["learner"]["mode"] == "replica" and r["learner"]["rollback_test"] == "stratified"
+    assert all("measured_tta_ratio" in c for c in r["curve"])
     assert (out / "online.md").read_text().startswith("# Online fine-tuning")

@@ -306,7 +306,9 @@ def _fresh(folder: Path) -> Path:
 
 
 def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
-    svc = ServiceProcess(str(cfg.bundle), _fresh(out / "load"), token)
+    svc = ServiceProcess(
+        str(cfg.bundle), _fresh(out / "load"), token, extra=list(cfg.get("service_args") or [])
+    )
     svc.start()
     rss: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -341,6 +343,8 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
         "fallbacks": sum(j["fallbacks"] for j in results),
         "latency": _latency(results),
         "in_service_ms": service_stats.get("decide_ms"),
+        "service_args": list(cfg.get("service_args") or []),
+        "learner_updates": _updates(out / "load" / "versions" / "lineage.json"),
         "load_average": os.getloadavg(),
         "service_rss_mib": {
             "first_10pct_mean": float(r[:q].mean()),
@@ -350,6 +354,18 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
         },
         **checks,
     }
+
+
+def _updates(lineage: Path) -> list[dict[str, Any]]:
+    """The online learner's candidates during a load run (``service_args=[learn=true]``)."""
+    if not lineage.exists():
+        return []
+    versions = json.loads(lineage.read_text())["versions"]
+    return [
+        {k: e.get(k) for k in ("version", "status", "mode", "t")}
+        for e in versions
+        if e.get("parent") is not None
+    ]
 
 
 def stage_kill(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:

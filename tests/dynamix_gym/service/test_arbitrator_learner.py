@@ -210,12 +210,6 @@ def test_the_stratified_rollback_test_tells_a_regression_from_seed_noise(bundle,
         _measured_learner(tmp_path / "6", bundle, {(0, "a"): [500.0]}, rollback_window=1).regression(1)
         is None
     )
-    with pytest.raises(ValueError, match=r"learner\.rollback_test must be one of"):
-        LearnerConfig(rollback_test="vote")
-    with pytest.raises(ValueError, match=r"learner\.rollback_alpha must lie in"):
-        LearnerConfig(rollback_alpha=1.5)
-    with pytest.raises(ValueError, match=r"learner\.rollback_gross must exceed"):
-        LearnerConfig(rollback_gross=0.01)
 
 
 def test_a_masked_bundle_learns_from_its_logged_masks(tmp_path):
@@ -361,10 +355,17 @@ def test_replicas_come_in_the_same_order_whatever_order_jobs_registered_in(bundl
     assert orders[0] == orders[1] == orders[2] and len(orders[0]) == 3
 
 
-def test_replica_learner_settings_are_checked():
-    with pytest.raises(ValueError, match=r"learner\.mode must be one of"):
-        LearnerConfig(mode="bc")
-    with pytest.raises(ValueError, match=r"learner\.replica_episodes must be >= 1"):
-        LearnerConfig(replica_episodes=0)
-    with pytest.raises(ValueError, match=r"learner.replica_learning_rate must lie in \(0, 0.01\]"):
-        LearnerConfig(replica_learning_rate=0.5)
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"mode": "bc"}, r"learner\.mode must be one of"),
+        ({"replica_episodes": 0}, r"learner\.replica_episodes must be >= 1"),
+        ({"replica_learning_rate": 0.5}, r"learner.replica_learning_rate must lie in \(0, 0.01\]"),
+        ({"rollback_test": "vote"}, r"learner\.rollback_test must be one of"),
+        ({"rollback_alpha": 1.5}, r"learner\.rollback_alpha must lie in"),
+        ({"rollback_gross": 0.01}, r"learner\.rollback_gross must exceed"),
+    ],
+)
+def test_learner_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        LearnerConfig(**settings)

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +93,20 @@ def make_validator(validation: dict[str, Any]):
     if min(seeds) < MIN_VALIDATION_SEED:
         raise ValueError(f"validation.seeds must be >= {MIN_VALIDATION_SEED}, got {seeds}")
 
-    def validate(bundle: PolicyBundle) -> dict[str, float]:
-        return score_bundle(bundle, tasks, names, seeds)
+    return Validator({n: tasks[n] for n in names}, names, seeds)
 
-    return validate
+
+@dataclass(frozen=True)
+class Validator:
+    """bundle -> {task: mean :func:`episode_tta` over ``seeds``}: a plain object, so that
+    ``learner.worker=process`` can send it to the child that validates a candidate."""
+
+    tasks: dict[str, Any]
+    names: list[str]
+    seeds: list[int]
+
+    def __call__(self, bundle: PolicyBundle) -> dict[str, float]:
+        return score_bundle(bundle, self.tasks, self.names, self.seeds)
 
 
 def attach_learner(cfg: DictConfig, store: Any, service: Any, versions: Path) -> OnlineLearner:
@@ -177,6 +188,7 @@ def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
         stop.set()
         server.stop(grace=2.0).wait(5.0)
         if learner_thread is not None:
+            learner.close()  # an update running in a child is terminated, not waited for
             learner_thread.join(timeout=120.0)
         service.close()
         for sig, handler in previous.items():

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -69,6 +70,8 @@ VALIDATION_SCORES = ("mean", "geomean")
 #: How a candidate is made (``LearnerConfig.mode``): ``ppo`` on the logged transitions, or
 #: ``replica``: DAgger on simulated replicas of the jobs served (:meth:`OnlineLearner.update_replica`).
 LEARNER_MODES = ("ppo", "replica")
+#: Where an update runs (``LearnerConfig.worker``): the learner's thread, or a child process.
+WORKERS = ("thread", "process")
 #: How a promoted version's measured regression is decided (``LearnerConfig.rollback_test``).
 ROLLBACK_TESTS = ("stratified", "window")
 #: The smallest seed-noise variance of log time to accuracy the rollback test assumes for a task
@@ -104,6 +107,11 @@ class LearnerConfig:
     replica_episodes: int = 200
     replica_epochs: int = 20
     replica_learning_rate: float = 3e-4
+    # where an update's work runs (WORKERS): "thread", the learner's thread (any validate callable;
+    # the interpreter lock then delays decisions while it trains); "process", a spawned child per
+    # update (validate must pickle), so decisions keep their latency. The apps' configs use "process".
+    worker: str = "thread"
+    worker_timeout_s: float = 3600.0  # a child update that runs longer is terminated (the update fails)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.learning_rate <= 1e-2:
@@ -134,6 +142,12 @@ class LearnerConfig:
             raise ValueError(
                 f"learner.rollback_gross must exceed rollback_tolerance ({self.rollback_tolerance}), "
                 f"got {self.rollback_gross}"
+            )
+        if self.worker not in WORKERS:
+            raise ValueError(f"learner.worker must be one of {list(WORKERS)}, got {self.worker!r}")
+        if not 0.0 < self.worker_timeout_s < float("inf"):
+            raise ValueError(
+                f"learner.worker_timeout_s must be a positive number of seconds, got {self.worker_timeout_s}"
             )
         if self.validation_score not in VALIDATION_SCORES:
             raise ValueError(
@@ -193,6 +207,16 @@ class OnlineLearner:
         self._task_scores: dict[int, dict[str, float]] = {}
         self.lineage: list[dict[str, Any]] = []
         self._replicas: dict[tuple, dict[str, Any]] = {}
+        self._closing = threading.Event()
+        if self.config.worker == "process":
+            try:
+                pickle.dumps(validate)
+            except Exception as exc:
+                raise ValueError(
+                    "learner.worker=process validates candidates in a child process, so validate must "
+                    "pickle (a module-level function, or an object such as experiments.serve.Validator); "
+                    f"{validate!r} does not ({exc})"
+                ) from None
         self._load_lineage()
 
     # --- lineage -------------------------------------------------------------------------------------
@@ -476,12 +500,15 @@ class OnlineLearner:
             data = self._sorted()
             self._new = 0
         parent = self.store.get(self.name)
-        parent_score = float("nan") if skip_validation else self.score(parent.version)
-        parent_tasks = {} if skip_validation else self.task_scores(parent.version)
-        model, stats = self.update_replica(parent.bundle) if replica else self.update(parent.bundle, data)
+        result = self._build(parent, data if not replica else [], skip_validation)
+        self.rng = result.rng
+        if result.parent_scores is not None:
+            self._task_scores[parent.version] = result.parent_scores
+            self._scores[parent.version] = float(np.mean(list(result.parent_scores.values())))
+        parent_score = float("nan") if skip_validation else self._scores[parent.version]
+        parent_tasks = {} if skip_validation else self._task_scores[parent.version]
+        stats, scores = result.stats, result.scores
         version = max(e["version"] for e in self.lineage) + 1
-        candidate = PolicyBundle(parent.bundle.path, parent.bundle.meta, model, parent.bundle.obs_norm)
-        scores = {} if skip_validation else self.validate(candidate)
         cand_score = float(np.mean(list(scores.values()))) if scores else float("nan")
         ratio = (
             float(np.exp(np.mean([np.log(scores[t] / parent_tasks[t]) for t in scores])))
@@ -512,6 +539,10 @@ class OnlineLearner:
                 parent.bundle.meta,
                 metadata={**parent.bundle.meta.metadata, "lineage": {k: v for k, v in entry.items()}},
             )
+            model = result.model
+            if model is None:  # from a child: the weights, on a fresh copy of the parent's model
+                model = copy_model(parent.bundle)
+                load_numpy_weights(model.policy, result.state)
             save_bundle(path, model, BundleMeta(**meta.__dict__), parent.bundle.obs_norm)
             bundle = load_bundle(path)
             self._bundles[version] = bundle
@@ -530,169 +561,45 @@ class OnlineLearner:
             self._event("reject", version=version, parent=parent.version, validation_tta_s=cand_score)
         return entry
 
-    def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
-        """A copy of ``parent``'s model after one PPO update on ``data`` (sb3-contrib's MaskablePPO
-        update, with each decision's logged legal steps, for a maskable bundle)."""
-        from stable_baselines3.common.buffers import RolloutBuffer
-        from stable_baselines3.common.logger import configure
-
-        maskable = parent.meta.algorithm == "maskable_ppo"
-        if maskable:
-            from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer as buffer_cls
-        else:
-            buffer_cls = RolloutBuffer
-        model = self._copy_model(parent)  # the serving weights
+    def _build(self, parent: Any, data: list[tuple], skip_validation: bool) -> CandidateResult:
+        """The candidate of ``parent`` (a :class:`~dynamix_gym.service.server.ServedPolicy`) and its
+        validation, on this thread or in a child (``config.worker``)."""
         cfg = self.config
-        obs, actions, values, logp, adv, returns = self._gae(
-            data, float(model.gamma), float(model.gae_lambda)
+        cached = None if skip_validation else (self._task_scores.get(parent.version) or None)
+        job = CandidateJob(
+            config=cfg,
+            rng=self.rng,
+            data=data,
+            replicas=self.replicas if cfg.mode == "replica" else [],
+            validate=None if skip_validation else self.validate,
+            parent_scores=cached,
         )
-        n = len(actions)
-        buf = buffer_cls(
-            n, model.observation_space, model.action_space, device="cpu", gamma=model.gamma, n_envs=1
-        )
-        if maskable:
-            width = int(buf.mask_dims)  # a centralised bundle's flat (N * A) mask
-            masks = np.ones((n, width), dtype=np.float32)
-            for i, t in enumerate(data):
-                if len(t) > 10 and t[10] is not None:
-                    masks[i] = np.asarray(t[10], dtype=np.float32).reshape(width)
-            buf.action_masks[:] = masks[:, None, :]
-        buf.observations[:] = obs[:, None, :]
-        buf.actions[:] = actions.reshape(n, 1, 1)
-        buf.values[:] = values[:, None]
-        buf.log_probs[:] = logp[:, None]
-        buf.advantages[:] = adv[:, None]
-        buf.returns[:] = returns[:, None]
-        buf.pos, buf.full = n, True
-        lr = float(cfg.learning_rate)
-        model.rollout_buffer = buf
-        model.learning_rate = lr
-        model.lr_schedule = lambda _progress: lr
-        model.clip_range = lambda _progress: float(cfg.clip_range)
-        model.n_epochs, model.batch_size, model.ent_coef = (
-            int(cfg.n_epochs),
-            int(cfg.batch_size),
-            float(cfg.ent_coef),
-        )
-        model.set_logger(configure(None, [""]))
-        model.set_random_seed(int(self.rng.integers(2**31)))
-        model.train()
-        values_out = model.logger.name_to_value
-        stats = {k.split("/")[-1]: float(v) for k, v in values_out.items() if k.startswith("train/")}
-        stats["samples"] = n
-        return model, stats
+        if cfg.worker == "thread":
+            job.parent = parent.bundle
+            return build_candidate(job)
+        from dynamix_gym.service.child import call_in_child
 
-    def _copy_model(self, parent: PolicyBundle):
-        """A fresh copy of ``parent``'s model with the serving weights."""
-        if parent.meta.algorithm == "maskable_ppo":
-            from sb3_contrib import MaskablePPO as algo
-        else:
-            from stable_baselines3 import PPO as algo
-        model = algo.load(parent.path / "model.zip", device="cpu")
-        model.policy.load_state_dict(parent.model.policy.state_dict())
-        return model
+        job.parent_path = Path(parent.bundle.path)
+        job.parent_state = weights_to_numpy(parent.bundle.model.policy)
+        return call_in_child(
+            build_candidate_in_child,
+            job,
+            cancel=self._closing,
+            timeout_s=float(cfg.worker_timeout_s),
+            name=f"learner-update-{self.name}",
+        )
+
+    def close(self) -> None:
+        """Stop: an update running in a child is terminated (the serving version stays)."""
+        self._closing.set()
+
+    def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
+        """A copy of ``parent``'s model after one PPO update on ``data`` (:func:`ppo_update`)."""
+        return ppo_update(parent, data, self.config, self.rng)
 
     def update_replica(self, parent: PolicyBundle) -> tuple[Any, dict[str, float]]:
-        """A copy of ``parent``'s model after DAgger on simulated replicas of the jobs served.
-
-        Each replica is the simulator run on a served job's GPU types, workload and interval, with
-        the fault families, intensities and speed spread of the bundle's own training worlds (its
-        ``config.domain``); the candidate acts, the bundle's teacher (its ``expert_pretrain``'s
-        oracle, else the time-to-target oracle) labels every state it visits, and the policy is
-        cloned on those labels (cross-entropy, every episode weighted alike, with the value head's
-        regression) for ``replica_epochs`` at ``replica_learning_rate``: DYNAMIX's online
-        fine-tuning done in the service's simulator, on the clusters and jobs it actually serves.
-        """
-        from dynamix_gym.learning.imitation import collect_expert_data, pretrain
-
-        cfg, replicas = self.config, self.replicas
-        if not replicas:
-            raise RuntimeError("the replica learner has no registered job to replicate yet")
-        if parent.meta.algorithm not in ("ppo", "maskable_ppo") or parent.meta.obs_form != "per_worker":
-            raise ValueError("the replica learner fine-tunes per-worker PPO bundles only")
-        conf = dict(parent.meta.config or {})
-        teacher = dict(conf.get("expert_pretrain") or {})
-        expert = str(teacher.get("expert", "oracle"))
-        expert_kwargs = dict(
-            teacher.get("expert_kwargs") or {"objective": "time_to_target", "batch_penalty": 0.0}
-        )
-        base_domain = {
-            k: v
-            for k, v in dict(conf.get("domain") or {}).items()
-            if k not in ("gpu_types", "profile", "workers")
-        }
-        env_kwargs = {
-            **dict(conf.get("env") or {}),
-            "split": parent.meta.split,
-            "split_tolerance": parent.meta.split_tolerance,
-        }
-        model = self._copy_model(parent)
-        obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
-        per = max(1, -(-int(cfg.replica_episodes) // len(replicas)))
-        data = None
-        for r in replicas:
-            domain = {**base_domain, "cluster": r["cluster"], "workloads": [r["workload"]]}
-            part = collect_expert_data(
-                domain,
-                {**env_kwargs, "interval": r["interval"]},
-                [r["cluster"].num_workers],
-                episodes=per,
-                gamma=float(model.gamma),
-                seed=int(self.rng.integers(2**31)),
-                expert=expert,
-                expert_kwargs=expert_kwargs,
-                policy=model,
-                obs_fn=obs_fn,
-                action_mode=parent.meta.action_mode,
-            )
-            data = part if data is None else data + part
-        scale = float(np.sqrt(np.var(data.returns) + 1e-8))
-        stats = pretrain(
-            model,
-            data,
-            obs_fn,
-            scale,
-            epochs=int(cfg.replica_epochs),
-            learning_rate=float(cfg.replica_learning_rate),
-            seed=int(self.rng.integers(2**31)),
-            per_episode=True,
-        )
-        stats.update(replicas=len(replicas), episodes=per * len(replicas), expert_mean_tta_s=data.mean_tta_s)
-        return model, stats
-
-    @staticmethod
-    def _gae(data: list[tuple], gamma: float, lam: float):
-        """Advantages and returns per (job, worker) trajectory, in the buffer's order."""
-        n = len(data)
-        obs = np.stack([t[2] for t in data]).astype(np.float32)
-        actions = np.array([t[3] for t in data], dtype=np.int64)
-        values = np.array([t[4] for t in data], dtype=np.float64)
-        logp = np.array([t[5] for t in data], dtype=np.float64)
-        rewards = np.array([t[6] for t in data], dtype=np.float64)
-        done = np.array([t[7] for t in data], dtype=bool)
-        next_v = np.array([t[8] for t in data], dtype=np.float64)
-        adv = np.zeros(n)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, t in enumerate(data):
-            groups[(t[0], t[1])].append(i)
-        # The critic learnt VecNormalize's scaled returns, a scale the bundle does not keep: put the
-        # rewards on the critic's scale by matching the spread of discounted returns to the values'.
-        mc = np.zeros(n)
-        for idx in groups.values():
-            acc = 0.0
-            for j in reversed(idx):
-                acc = rewards[j] + gamma * (0.0 if done[j] else acc)
-                mc[j] = acc
-        spread, v_spread = float(mc.std()), float(values.std())
-        rewards = rewards * (v_spread / spread if spread > 1e-9 and v_spread > 1e-9 else 1.0)
-        for idx in groups.values():
-            last = 0.0
-            for j in reversed(idx):
-                nonterminal = 0.0 if done[j] else 1.0
-                delta = rewards[j] + gamma * next_v[j] * nonterminal - values[j]
-                last = delta + gamma * lam * nonterminal * last
-                adv[j] = last
-        return obs, actions, values, logp, adv, adv + values
+        """A copy of ``parent``'s model after DAgger on replicas of the jobs served (:func:`replica_update`)."""
+        return replica_update(parent, self.replicas, self.config, self.rng)
 
     # --- background ----------------------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll_s: float = 1.0) -> None:
@@ -701,6 +608,245 @@ class OnlineLearner:
             if self.ready():
                 try:
                     self.step()
-                except Exception:  # a failed update must not take the service down
+                except Exception:
+                    if self._closing.is_set():
+                        return  # a failed update must not take the service down
                     log.exception("online update failed; the serving version is unchanged")
             stop.wait(poll_s)
+
+
+# --- candidates: pure functions of their inputs, run on the learner's thread or in a child -----
+def ppo_update(
+    parent: PolicyBundle, data: list[tuple], cfg: LearnerConfig, rng: np.random.Generator
+) -> tuple[Any, dict[str, float]]:
+    """A copy of ``parent``'s model after one PPO update on ``data`` (sb3-contrib's MaskablePPO
+    update, with each decision's logged legal steps, for a maskable bundle)."""
+    from stable_baselines3.common.buffers import RolloutBuffer
+    from stable_baselines3.common.logger import configure
+
+    maskable = parent.meta.algorithm == "maskable_ppo"
+    if maskable:
+        from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer as buffer_cls
+    else:
+        buffer_cls = RolloutBuffer
+    model = copy_model(parent)  # the serving weights
+    obs, actions, values, logp, adv, returns = gae(data, float(model.gamma), float(model.gae_lambda))
+    n = len(actions)
+    buf = buffer_cls(
+        n, model.observation_space, model.action_space, device="cpu", gamma=model.gamma, n_envs=1
+    )
+    if maskable:
+        width = int(buf.mask_dims)  # a centralised bundle's flat (N * A) mask
+        masks = np.ones((n, width), dtype=np.float32)
+        for i, t in enumerate(data):
+            if len(t) > 10 and t[10] is not None:
+                masks[i] = np.asarray(t[10], dtype=np.float32).reshape(width)
+        buf.action_masks[:] = masks[:, None, :]
+    buf.observations[:] = obs[:, None, :]
+    buf.actions[:] = actions.reshape(n, 1, 1)
+    buf.values[:] = values[:, None]
+    buf.log_probs[:] = logp[:, None]
+    buf.advantages[:] = adv[:, None]
+    buf.returns[:] = returns[:, None]
+    buf.pos, buf.full = n, True
+    lr = float(cfg.learning_rate)
+    model.rollout_buffer = buf
+    model.learning_rate = lr
+    model.lr_schedule = lambda _progress: lr
+    model.clip_range = lambda _progress: float(cfg.clip_range)
+    model.n_epochs, model.batch_size, model.ent_coef = (
+        int(cfg.n_epochs),
+        int(cfg.batch_size),
+        float(cfg.ent_coef),
+    )
+    model.set_logger(configure(None, [""]))
+    model.set_random_seed(int(rng.integers(2**31)))
+    model.train()
+    values_out = model.logger.name_to_value
+    stats = {k.split("/")[-1]: float(v) for k, v in values_out.items() if k.startswith("train/")}
+    stats["samples"] = n
+    return model, stats
+
+
+def copy_model(parent: PolicyBundle):
+    """A fresh copy of ``parent``'s model with the serving weights."""
+    if parent.meta.algorithm == "maskable_ppo":
+        from sb3_contrib import MaskablePPO as algo
+    else:
+        from stable_baselines3 import PPO as algo
+    model = algo.load(parent.path / "model.zip", device="cpu")
+    model.policy.load_state_dict(parent.model.policy.state_dict())
+    return model
+
+
+def replica_update(
+    parent: PolicyBundle, replicas: list[dict[str, Any]], cfg: LearnerConfig, rng: np.random.Generator
+) -> tuple[Any, dict[str, float]]:
+    """A copy of ``parent``'s model after DAgger on simulated replicas of the jobs served.
+
+    Each replica is the simulator run on a served job's GPU types, workload and interval, with
+    the fault families, intensities and speed spread of the bundle's own training worlds (its
+    ``config.domain``); the candidate acts, the bundle's teacher (its ``expert_pretrain``'s
+    oracle, else the time-to-target oracle) labels every state it visits, and the policy is
+    cloned on those labels (cross-entropy, every episode weighted alike, with the value head's
+    regression) for ``replica_epochs`` at ``replica_learning_rate``: DYNAMIX's online
+    fine-tuning done in the service's simulator, on the clusters and jobs it actually serves.
+    """
+    from dynamix_gym.learning.imitation import collect_expert_data, pretrain
+
+    if not replicas:
+        raise RuntimeError("the replica learner has no registered job to replicate yet")
+    if parent.meta.algorithm not in ("ppo", "maskable_ppo") or parent.meta.obs_form != "per_worker":
+        raise ValueError("the replica learner fine-tunes per-worker PPO bundles only")
+    conf = dict(parent.meta.config or {})
+    teacher = dict(conf.get("expert_pretrain") or {})
+    expert = str(teacher.get("expert", "oracle"))
+    expert_kwargs = dict(
+        teacher.get("expert_kwargs") or {"objective": "time_to_target", "batch_penalty": 0.0}
+    )
+    base_domain = {
+        k: v
+        for k, v in dict(conf.get("domain") or {}).items()
+        if k not in ("gpu_types", "profile", "workers")
+    }
+    env_kwargs = {
+        **dict(conf.get("env") or {}),
+        "split": parent.meta.split,
+        "split_tolerance": parent.meta.split_tolerance,
+    }
+    model = copy_model(parent)
+    obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
+    per = max(1, -(-int(cfg.replica_episodes) // len(replicas)))
+    data = None
+    for r in replicas:
+        domain = {**base_domain, "cluster": r["cluster"], "workloads": [r["workload"]]}
+        part = collect_expert_data(
+            domain,
+            {**env_kwargs, "interval": r["interval"]},
+            [r["cluster"].num_workers],
+            episodes=per,
+            gamma=float(model.gamma),
+            seed=int(rng.integers(2**31)),
+            expert=expert,
+            expert_kwargs=expert_kwargs,
+            policy=model,
+            obs_fn=obs_fn,
+            action_mode=parent.meta.action_mode,
+        )
+        data = part if data is None else data + part
+    scale = float(np.sqrt(np.var(data.returns) + 1e-8))
+    stats = pretrain(
+        model,
+        data,
+        obs_fn,
+        scale,
+        epochs=int(cfg.replica_epochs),
+        learning_rate=float(cfg.replica_learning_rate),
+        seed=int(rng.integers(2**31)),
+        per_episode=True,
+    )
+    stats.update(replicas=len(replicas), episodes=per * len(replicas), expert_mean_tta_s=data.mean_tta_s)
+    return model, stats
+
+
+def gae(data: list[tuple], gamma: float, lam: float):
+    """Advantages and returns per (job, worker) trajectory, in the buffer's order."""
+    n = len(data)
+    obs = np.stack([t[2] for t in data]).astype(np.float32)
+    actions = np.array([t[3] for t in data], dtype=np.int64)
+    values = np.array([t[4] for t in data], dtype=np.float64)
+    logp = np.array([t[5] for t in data], dtype=np.float64)
+    rewards = np.array([t[6] for t in data], dtype=np.float64)
+    done = np.array([t[7] for t in data], dtype=bool)
+    next_v = np.array([t[8] for t in data], dtype=np.float64)
+    adv = np.zeros(n)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, t in enumerate(data):
+        groups[(t[0], t[1])].append(i)
+    # The critic learnt VecNormalize's scaled returns, a scale the bundle does not keep: put the
+    # rewards on the critic's scale by matching the spread of discounted returns to the values'.
+    mc = np.zeros(n)
+    for idx in groups.values():
+        acc = 0.0
+        for j in reversed(idx):
+            acc = rewards[j] + gamma * (0.0 if done[j] else acc)
+            mc[j] = acc
+    spread, v_spread = float(mc.std()), float(values.std())
+    rewards = rewards * (v_spread / spread if spread > 1e-9 and v_spread > 1e-9 else 1.0)
+    for idx in groups.values():
+        last = 0.0
+        for j in reversed(idx):
+            nonterminal = 0.0 if done[j] else 1.0
+            delta = rewards[j] + gamma * next_v[j] * nonterminal - values[j]
+            last = delta + gamma * lam * nonterminal * last
+            adv[j] = last
+    return obs, actions, values, logp, adv, adv + values
+
+
+@dataclass
+class CandidateJob:
+    """Everything an update needs, picklable for :func:`~dynamix_gym.service.child.call_in_child`.
+
+    ``parent`` is the serving bundle on the learner's thread; a child gets ``parent_path`` and the
+    serving weights (``parent_state``) and loads the bundle itself. ``rng`` is the learner's own
+    generator (a child advances a copy and sends it back), so both workers draw the same seeds.
+    """
+
+    config: LearnerConfig
+    rng: np.random.Generator
+    data: list[tuple]
+    replicas: list[dict[str, Any]]
+    validate: Callable[[PolicyBundle], dict[str, float]] | None  # None: no validation (skip_validation)
+    parent_scores: dict[str, float] | None  # the parent's cached validation, or None to compute it
+    parent: PolicyBundle | None = None
+    parent_path: Path | None = None
+    parent_state: dict[str, np.ndarray] | None = None
+
+
+@dataclass
+class CandidateResult:
+    rng: np.random.Generator
+    stats: dict[str, float]
+    scores: dict[str, float]  # the candidate's validation ({} without)
+    parent_scores: dict[str, float] | None  # computed here (None: the job had them, or no validation)
+    model: Any = None  # on the learner's thread
+    state: dict[str, np.ndarray] | None = None  # from a child: the candidate's policy weights
+
+
+def weights_to_numpy(policy) -> dict[str, np.ndarray]:
+    """A policy's weights as numpy copies: torch's own pickling of tensors between processes passes
+    shared-memory handles, which die with the process that sent them."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in policy.state_dict().items()}
+
+
+def load_numpy_weights(policy, weights: dict[str, np.ndarray]) -> None:
+    import torch
+
+    policy.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+
+
+def build_candidate(job: CandidateJob) -> CandidateResult:
+    """Validate the parent if needed, make the candidate (:func:`ppo_update` or
+    :func:`replica_update`), validate it: the part of an update that does not touch the service."""
+    parent = job.parent
+    if parent is None:
+        parent = load_bundle(job.parent_path)
+        load_numpy_weights(parent.model.policy, job.parent_state)
+    parent_scores = None
+    if job.validate is not None and job.parent_scores is None:
+        parent_scores = dict(job.validate(parent))
+    if job.config.mode == "replica":
+        model, stats = replica_update(parent, job.replicas, job.config, job.rng)
+    else:
+        model, stats = ppo_update(parent, job.data, job.config, job.rng)
+    candidate = PolicyBundle(parent.path, parent.meta, model, parent.obs_norm)
+    scores = dict(job.validate(candidate)) if job.validate is not None else {}
+    return CandidateResult(job.rng, stats, scores, parent_scores, model=model)
+
+
+def build_candidate_in_child(job: CandidateJob) -> CandidateResult:
+    """:func:`build_candidate` as a child's call: the weights come back, not the SB3 model."""
+    result = build_candidate(job)
+    result.state = weights_to_numpy(result.model.policy)
+    result.model = None
+    return result

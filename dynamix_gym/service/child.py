@@ -4,8 +4,8 @@ An update (PPO epochs or DAgger episodes in the simulator, then the validation r
 pure-Python and torch work. On the service's own learner thread it holds the interpreter lock in
 long stretches, and every decision waits behind it (``experiments.bench_serve`` with
 ``learn=true``: p99 72.6 ms against 17.8 ms without learning). :func:`call_in_child` runs the
-call in a fresh ``spawn``-ed process instead, one at a time, at a lower scheduling priority and on
-one torch thread, so that the service's threads keep the interpreter and the first core.
+call in a fresh ``spawn``-ed process instead, one at a time, under ``SCHED_IDLE`` at a lower
+priority and on one thread, so that the service's threads keep the interpreter and the first core.
 
 The child never outlives its caller: it is a daemonic process (multiprocessing terminates it when
 the service exits), it watches its parent's pid and exits if the parent dies (a ``SIGKILL``-ed
@@ -40,19 +40,32 @@ def _watch_parent(ppid: int, poll_s: float) -> None:
             os._exit(3)
 
 
-def _child_main(
-    conn, fn: Callable[[Any], Any], payload: Any, ppid: int, nice: int, torch_threads: int
-) -> None:
-    threading.Thread(target=_watch_parent, args=(ppid, 0.5), name="parent-watch", daemon=True).start()
+def _lower_priority(nice: int, idle: bool) -> None:
+    """Before any other thread starts (Linux applies both per thread; new threads inherit them)."""
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:  # runs only on CPU time no normal-priority thread wants
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
     if nice:
         try:
             os.nice(int(nice))
         except OSError:  # not permitted here: run at the caller's priority
             pass
-    if torch_threads:
-        import torch
 
-        torch.set_num_threads(int(torch_threads))
+
+def _child_main(
+    conn, fn: Callable[[Any], Any], payload: Any, ppid: int, nice: int, idle: bool, threads: int
+) -> None:
+    _lower_priority(nice, idle)
+    threading.Thread(target=_watch_parent, args=(ppid, 0.5), name="parent-watch", daemon=True).start()
+    limits = None
+    if threads:
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        torch.set_num_threads(int(threads))
+        limits = threadpool_limits(int(threads))  # numpy's BLAS / OpenMP pools too
     try:
         result: tuple[str, Any] = ("ok", fn(payload))
     except BaseException as exc:  # everything goes back to the caller, as text
@@ -61,6 +74,8 @@ def _child_main(
         conn.send(result)
     finally:
         conn.close()
+        if limits is not None:
+            limits.unregister()
 
 
 def _stop(proc) -> None:
@@ -79,12 +94,16 @@ def call_in_child(
     cancel: threading.Event | None = None,
     timeout_s: float | None = None,
     nice: int = 10,
-    torch_threads: int = 1,
+    idle: bool = True,
+    threads: int = 1,
     poll_s: float = 0.1,
     name: str = "dynamix-child",
 ) -> Any:
     """``fn(payload)`` in a spawned child; its return value (both must pickle: ``fn`` a module-level
     function). Waits without holding the interpreter lock.
+
+    The child runs at ``nice`` and, with ``idle`` (Linux), under ``SCHED_IDLE``, so it only takes
+    CPU time the caller's threads leave; ``threads`` caps torch's and the BLAS / OpenMP pools.
 
     Raises:
         ChildError: ``fn`` raised (its traceback in the message), or the child died first.
@@ -97,7 +116,7 @@ def call_in_child(
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_child_main,
-        args=(send, fn, payload, os.getpid(), nice, torch_threads),
+        args=(send, fn, payload, os.getpid(), nice, idle, threads),
         name=name,
         daemon=True,
     )

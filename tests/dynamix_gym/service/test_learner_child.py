@@ -139,3 +139,20 @@ def test_a_child_exits_when_its_caller_is_killed(tmp_path):
     finally:
         if caller.poll() is None:
             caller.kill()
+
+
+def _child_priority(_: object) -> tuple[int, int, int]:
+    import torch
+
+    return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), torch.get_num_threads()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_child_runs_idle_niced_on_one_thread():
+    """The learner's child only takes CPU time the service leaves (bench_serve learn=true)."""
+    policy, nice, threads = call_in_child(_child_priority, None)
+    assert policy == os.SCHED_IDLE
+    assert nice >= os.getpriority(os.PRIO_PROCESS, 0) + 10 or nice == 19
+    assert threads == 1
+    policy, _nice, threads = call_in_child(_child_priority, None, idle=False, nice=0, threads=2)
+    assert policy == os.SCHED_OTHER and threads == 2

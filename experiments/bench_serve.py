@@ -149,9 +149,10 @@ def _job_thread(args: dict[str, Any], index: int, quota: int, out: list, stop_at
         done = False
         received: list[tuple[int, list[int]]] = []
         latencies: list[float] = []
+        sent_at: list[float] = []  # wall clock of each call, to place it against the learner's updates
         fallbacks = 0
         while not done and made < quota and time.monotonic() < stop_at:
-            t0 = time.perf_counter()
+            t_wall, t0 = time.time(), time.perf_counter()
             new = client.decide(info["report"], env.unwrapped.batches)
             dt = time.perf_counter() - t0
             if new is None:
@@ -159,6 +160,7 @@ def _job_thread(args: dict[str, Any], index: int, quota: int, out: list, stop_at
                 action = env.unwrapped.batches
             else:
                 latencies.append(dt)
+                sent_at.append(t_wall)
                 received.append((client.seq - 1, new.tolist()))
                 made += 1
                 action = new
@@ -171,6 +173,7 @@ def _job_thread(args: dict[str, Any], index: int, quota: int, out: list, stop_at
                 "job": job_id,
                 "received": received,
                 "latency_s": latencies,
+                "sent_at": sent_at,
                 "fallbacks": fallbacks,
                 "registers": client.counts["registers"],
                 "done": done,
@@ -280,8 +283,10 @@ def audit(log_path: Path, results: list[dict]) -> dict[str, Any]:
     }
 
 
-def _latency(results: list[dict]) -> dict[str, float]:
+def _latency(results: list[dict], mask: np.ndarray | None = None) -> dict[str, float]:
     lat = np.array([x for j in results for x in j["latency_s"]]) * 1e3
+    if mask is not None:
+        lat = lat[mask]
     if lat.size == 0:
         return {}
     return {
@@ -334,6 +339,7 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
     service_stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     r = np.array([m for _, m in rss if np.isfinite(m)])
     q = max(len(r) // 10, 1)
+    updates = _updates(out / "load" / "versions" / "lineage.json")
     return {
         "jobs": int(cfg.jobs),
         "think_s": float(cfg.think_s),
@@ -344,7 +350,8 @@ def stage_load(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:
         "latency": _latency(results),
         "in_service_ms": service_stats.get("decide_ms"),
         "service_args": list(cfg.get("service_args") or []),
-        "learner_updates": _updates(out / "load" / "versions" / "lineage.json"),
+        "learner_updates": updates,
+        "latency_by_update": _latency_by_update(results, updates),
         "load_average": os.getloadavg(),
         "service_rss_mib": {
             "first_10pct_mean": float(r[:q].mean()),
@@ -362,10 +369,27 @@ def _updates(lineage: Path) -> list[dict[str, Any]]:
         return []
     versions = json.loads(lineage.read_text())["versions"]
     return [
-        {k: e.get(k) for k in ("version", "status", "mode", "t")}
+        {k: e.get(k) for k in ("version", "status", "mode", "t_start", "t")}
         for e in versions
         if e.get("parent") is not None
     ]
+
+
+def _latency_by_update(results: list[dict], updates: list[dict[str, Any]]) -> dict[str, Any]:
+    """Decisions sent while an update (its DAgger, cloning and validation) ran, against the rest:
+    the learner's cost to serving, measured within one run so the machine's load is the same."""
+    windows = [(u["t_start"], u["t"]) for u in updates if u.get("t_start") is not None]
+    if not windows:
+        return {}
+    sent = np.array([x for j in results for x in j["sent_at"]])
+    during = np.zeros(sent.size, dtype=bool)
+    for t0, t1 in windows:
+        during |= (sent >= t0) & (sent <= t1)
+    return {
+        "update_s": [t1 - t0 for t0, t1 in windows],
+        "during_updates": _latency(results, during),
+        "outside_updates": _latency(results, ~during),
+    }
 
 
 def stage_kill(cfg: DictConfig, out: Path, token: str) -> dict[str, Any]:

@@ -40,24 +40,25 @@ def _watch_parent(ppid: int, poll_s: float) -> None:
             os._exit(3)
 
 
-def _lower_priority(nice: int, idle: bool) -> None:
-    """Before any other thread starts (Linux applies both per thread; new threads inherit them)."""
+def _lower_priority(pid: int, niceness: int | None, idle: bool) -> None:
+    """``pid``'s scheduling (0: this thread; Linux applies both per thread and new threads inherit
+    them, so the child calls it before starting any)."""
     if idle and hasattr(os, "SCHED_IDLE"):
         try:  # runs only on CPU time no normal-priority thread wants
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
-    if nice:
+    if niceness is not None:
         try:
-            os.nice(int(nice))
+            os.setpriority(os.PRIO_PROCESS, pid, niceness)
         except OSError:  # not permitted here: run at the caller's priority
             pass
 
 
 def _child_main(
-    conn, fn: Callable[[Any], Any], payload: Any, ppid: int, nice: int, idle: bool, threads: int
+    conn, fn: Callable[[Any], Any], payload: Any, ppid: int, niceness: int | None, idle: bool, threads: int
 ) -> None:
-    _lower_priority(nice, idle)
+    _lower_priority(0, niceness, idle)
     threading.Thread(target=_watch_parent, args=(ppid, 0.5), name="parent-watch", daemon=True).start()
     limits = None
     if threads:
@@ -112,15 +113,19 @@ def call_in_child(
     """
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + int(nice), 19) if nice else None
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_child_main,
-        args=(send, fn, payload, os.getpid(), nice, idle, threads),
+        args=(send, fn, payload, os.getpid(), niceness, idle, threads),
         name=name,
         daemon=True,
     )
     proc.start()
+    # at once, from here too: the child's own call comes only after its start-up has imported the
+    # modules ``fn`` and ``payload`` need (seconds of CPU at the caller's priority otherwise)
+    _lower_priority(proc.pid, niceness, idle)
     send.close()  # the child holds the only writer: its death reads as EOF here
     t0 = time.monotonic()
     try:

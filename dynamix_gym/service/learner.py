@@ -500,6 +500,7 @@ class OnlineLearner:
             data = self._sorted()
             self._new = 0
         parent = self.store.get(self.name)
+        t_start = time.time()
         result = self._build(parent, data if not replica else [], skip_validation)
         self.rng = result.rng
         if result.parent_scores is not None:
@@ -527,6 +528,7 @@ class OnlineLearner:
             "validation_by_task": scores,
             "parent_validation_tta_s": None if skip_validation else parent_score,
             "validation_ratio_to_parent": None if skip_validation else ratio,
+            "t_start": t_start,  # the update and its validation ran from t_start to t
             "t": time.time(),
         }
         if self.config.validation_score == "geomean":

@@ -81,6 +81,7 @@ def test_an_update_in_a_child_process_is_the_update_on_the_learners_thread(bundl
     assert torch.equal(w_proc, w_thread)
     assert not torch.equal(w_proc, torch.nn.utils.parameters_to_vector(bundle.model.policy.parameters()))
     assert rng_proc == rng_thread  # the child's draws advanced the learner's generator alike
+    assert 0 < g_proc["t"] - g_proc["t_start"] < 600  # the update's span, for bench_serve's split
 
 
 def test_a_process_worker_needs_a_validator_that_pickles(bundle, tmp_path):

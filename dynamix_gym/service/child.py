@@ -55,9 +55,7 @@ def _lower_priority(pid: int, niceness: int | None, idle: bool) -> None:
             pass
 
 
-def _child_main(
-    conn, fn: Callable[[Any], Any], payload: Any, ppid: int, niceness: int | None, idle: bool, threads: int
-) -> None:
+def _child_main(conn, task, ppid: int, niceness: int | None, idle: bool, threads: int) -> None:
     _lower_priority(0, niceness, idle)
     threading.Thread(target=_watch_parent, args=(ppid, 0.5), name="parent-watch", daemon=True).start()
     limits = None
@@ -68,6 +66,8 @@ def _child_main(
         torch.set_num_threads(int(threads))
         limits = threadpool_limits(int(threads))  # numpy's BLAS / OpenMP pools too
     try:
+        fn, payload = task.recv()  # unpickled here, at the lowered priority: it imports their modules
+        task.close()
         result: tuple[str, Any] = ("ok", fn(payload))
     except BaseException as exc:  # everything goes back to the caller, as text
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
@@ -116,19 +116,27 @@ def call_in_child(
     niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + int(nice), 19) if nice else None
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
+    task_recv, task_send = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_child_main,
-        args=(send, fn, payload, os.getpid(), niceness, idle, threads),
+        args=(send, task_recv, os.getpid(), niceness, idle, threads),
         name=name,
         daemon=True,
     )
-    proc.start()
-    # at once, from here too: the child's own call comes only after its start-up has imported the
-    # modules ``fn`` and ``payload`` need (seconds of CPU at the caller's priority otherwise)
+    proc.start()  # the arguments are small: it returns while the child still starts up
+    # from here, at once, since the child's own call comes only after its start-up has imported the
+    # service's main module (seconds of CPU at the caller's priority otherwise)
     _lower_priority(proc.pid, niceness, idle)
     send.close()  # the child holds the only writer: its death reads as EOF here
+    task_recv.close()
     t0 = time.monotonic()
     try:
+        try:  # read by the child once its priority is lowered (a pickling error raises here)
+            task_send.send((fn, payload))
+        except OSError:
+            pass  # the child died before reading it: its exit code is reported below
+        finally:
+            task_send.close()
         while True:
             if recv.poll(poll_s):
                 try:

@@ -117,3 +117,47 @@ def test_serve_with_learning_starts_listens_and_stops_by_itself(tmp_path, monkey
     assert (tmp_path / "endpoint.json").exists() and (tmp_path / "stats.json").exists()
     lineage = (tmp_path / "versions" / "lineage.json").read_text()
     assert '"status": "promoted"' in lineage  # version 0, the pretrained bundle
+
+
+@pytest.mark.slow  # a service start-up and the start of an update
+@pytest.mark.integration
+def test_a_service_stopped_during_an_update_exits_and_leaves_no_child(tmp_path):
+    """SIGTERM while the learner's child trains: the service stops at once and takes its child with
+    it; the child ran idle-scheduled and niced (``learner.worker=process``, the default)."""
+    import os
+
+    import psutil
+
+    svc = ServiceProcess(
+        "results/policies/universal", tmp_path, TOKEN, extra=["learn=true", "learner.update_every=16"]
+    )
+    svc.start()
+    try:
+        env = HeteroClusterEnv(workers=4, workload="cifar10", action_mode="absolute")
+        _, info = env.reset(seed=100)
+        client = ArbitratorClient(svc.address, token=TOKEN, job_id="learn-me", timeout_s=2.0)
+        client.register(env.backend.spec, env.interval)
+        for _ in range(24):  # past update_every: the learner starts an update
+            new = client.decide(info["report"], env.unwrapped.batches)
+            action = env.unwrapped.batches if new is None else new
+            _, _, term, trunc, info = env.step(action.astype(np.float32))
+            assert not (term or trunc)
+        service = psutil.Process(svc.proc.pid)
+        deadline, learner = time.monotonic() + 60.0, []
+        while time.monotonic() < deadline and not learner:
+            learner = [k for k in service.children() if "spawn_main" in " ".join(k.cmdline())]
+            time.sleep(0.2)
+        assert learner, "no update started in a child"
+        child = learner[0]
+        while time.time() - child.create_time() < 1.0 and os.sched_getscheduler(child.pid) != os.SCHED_IDLE:
+            time.sleep(0.01)
+        # set by the service as the child starts, before the child's start-up imports run
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE and child.nice() >= 10
+        kids = service.children(recursive=True)
+        t0 = time.monotonic()
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(30) == 0 and time.monotonic() - t0 < 30
+        _gone, alive = psutil.wait_procs(kids, timeout=15)
+        assert not alive, f"left behind: {[k.pid for k in alive]}"
+    finally:
+        svc.stop()

@@ -203,7 +203,6 @@ class OnlineLearner:
         self._new = 0
         self._bundles: dict[int, PolicyBundle] = {}
         self._measured: dict[tuple[int, str], list[float]] = defaultdict(list)
-        self._scores: dict[int, float] = {}
         self._task_scores: dict[int, dict[str, float]] = {}
         self.lineage: list[dict[str, Any]] = []
         self._replicas: dict[tuple, dict[str, Any]] = {}
@@ -235,9 +234,8 @@ class OnlineLearner:
                 bundle = load_bundle(latest["path"])
                 self._bundles[latest["version"]] = bundle
                 self.store.swap(self.name, bundle, latest["version"])
-                if latest.get("validation_tta_s") is not None:
-                    self._scores[latest["version"]] = latest["validation_tta_s"]
-                    self._task_scores[latest["version"]] = dict(latest.get("validation_by_task") or {})
+                if latest.get("validation_by_task"):
+                    self._task_scores[latest["version"]] = dict(latest["validation_by_task"])
         else:
             self.lineage = [
                 {
@@ -469,19 +467,6 @@ class OnlineLearner:
         )
 
     # --- updates -----------------------------------------------------------------------------------------
-    def score(self, version: int) -> float:
-        """Mean validation TTA of ``version`` (cached)."""
-        self.task_scores(version)
-        return self._scores[version]
-
-    def task_scores(self, version: int) -> dict[str, float]:
-        """Validation TTA of ``version`` per task (cached)."""
-        if not self._task_scores.get(version):
-            scores = self.validate(self._bundles[version])
-            self._task_scores[version] = dict(scores)
-            self._scores[version] = float(np.mean(list(scores.values())))
-        return self._task_scores[version]
-
     def ready(self) -> bool:
         return self._new >= self.config.update_every
 
@@ -505,12 +490,11 @@ class OnlineLearner:
         self.rng = result.rng
         if result.parent_scores is not None:
             self._task_scores[parent.version] = result.parent_scores
-            self._scores[parent.version] = float(np.mean(list(result.parent_scores.values())))
-        parent_score = float("nan") if skip_validation else self._scores[parent.version]
         parent_tasks = {} if skip_validation else self._task_scores[parent.version]
         stats, scores = result.stats, result.scores
         version = max(e["version"] for e in self.lineage) + 1
-        cand_score = float(np.mean(list(scores.values()))) if scores else float("nan")
+        parent_score = _mean(parent_tasks)
+        cand_score = _mean(scores)
         ratio = (
             float(np.exp(np.mean([np.log(scores[t] / parent_tasks[t]) for t in scores])))
             if scores and set(scores) == set(parent_tasks)
@@ -549,7 +533,6 @@ class OnlineLearner:
             bundle = load_bundle(path)
             self._bundles[version] = bundle
             if not skip_validation:
-                self._scores[version] = cand_score
                 self._task_scores[version] = dict(scores)
             entry.update(status="promoted", path=str(path), validated=not skip_validation)
             self.lineage.append(entry)
@@ -610,11 +593,16 @@ class OnlineLearner:
             if self.ready():
                 try:
                     self.step()
-                except Exception:
+                except Exception:  # a failed update must not take the service down
                     if self._closing.is_set():
-                        return  # a failed update must not take the service down
+                        return  # stopping: the child was terminated
                     log.exception("online update failed; the serving version is unchanged")
             stop.wait(poll_s)
+
+
+def _mean(scores: dict[str, float]) -> float:
+    """Mean validation TTA over tasks (NaN without validation)."""
+    return float(np.mean(list(scores.values()))) if scores else float("nan")
 
 
 # --- candidates: pure functions of their inputs, run on the learner's thread or in a child -----

@@ -194,3 +194,16 @@ def test_the_hindsight_allocation_is_no_dearer_than_any_fixed_allocation_of_its_
     assert limited is None or limited["time_to_accuracy_s"] <= 0.9 * best["time_to_accuracy_s"]
     with pytest.raises(ValueError, match=r"hindsight counts\[1\]"):
         hindsight_fixed_allocation(kw, 100, [0, -1])
+
+
+def test_the_switch_once_hindsight_starts_on_the_pool_and_pays_the_move():
+    pool = spec_to_dict(get_pool("t4v100_spot"))
+    pool["node_types"] = pool["node_types"][:1]
+    pool["initial"] = [["T4/on_demand", 1]]  # not in the grid [0, 4]: every schedule moves once
+    kw = {**ENV, "pool": pool}
+    switch = hindsight_fixed_allocation(kw, 100, [0, 4], from_initial=True)
+    assert switch is not None and switch["restarts"] >= 1
+    alloc = switch["allocation"]
+    held = run_elastic_episode(ElasticClusterEnv(**kw, initial_allocation=alloc), FixedAllocation(alloc), 100)
+    assert switch["time_to_accuracy_s"] > held["time_to_accuracy_s"]  # the first interval and the restart
+    assert switch["history"][0]["held_T4/on_demand"] == 1

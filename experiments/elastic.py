@@ -121,17 +121,17 @@ def _hindsight(
     """Per seed, the cheapest allocation (from the grid) within the time factor, held from t = 0 or
     (``from_initial``) reached from the pool's initial allocation at the first decision; a seed on
     which none of the grid is in time has no row (the summary's ``seeds`` counts those that do)."""
-    rows = []
+    rows, form = [], "hindsight (from initial)" if from_initial else "hindsight"
     for seed in seeds:
         limit = cfg["time_factor"] * fastest[seed]
         best = hindsight_fixed_allocation(
             env_kwargs, seed, cfg["counts"], limit, lr_multiplier=lr, from_initial=from_initial
         )
         if best is None:
-            log.info("hindsight%s seed %d: no allocation in time", " (from initial)" * from_initial, seed)
+            log.info("%s seed %d: no allocation in time", form, seed)
         else:
             rows.append(best)
-            log.info("hindsight%s seed %d: %s", " (from initial)" * from_initial, seed, best["allocation"])
+            log.info("%s seed %d: %s", form, seed, best["allocation"])
     return rows
 
 
@@ -160,7 +160,9 @@ def run(cfg: DictConfig) -> float:
         log.info("%s: %s", name, table[-1])
     hs = raw.get("hindsight") or {}
     if hs.get("enabled") and fastest_fixed:
-        forms = [("hindsight_fixed", False)] + [("hindsight_switch", True)] * bool(hs.get("from_initial"))
+        forms = [("hindsight_fixed", False)]
+        if hs.get("from_initial"):
+            forms.append(("hindsight_switch", True))
         for name, from_initial in forms:
             rows = _hindsight(hs, env_kwargs, seeds, fastest_fixed, baseline_lr, from_initial)
             if rows:

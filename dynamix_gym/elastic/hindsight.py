@@ -1,4 +1,4 @@
-"""Hindsight yardsticks for cost: on one seed's episode, the cheapest allocation held throughout.
+"""Hindsight yardsticks for cost: the cheapest grid allocation on one seed's episode.
 
 Every allocation of ``counts`` GPUs per offer (e.g. 0, 2 or 4 of each of T4/V100 on demand and on
 spot: 80 allocations) is replayed on the seed's episode (same preemption candidates, same faults),

@@ -38,7 +38,15 @@ class EpisodeResult:
     summary: dict[str, Any]
 
 
-def timeline_row(step: int, report: IntervalReport, reward: float, terms: dict[str, float]) -> dict[str, Any]:
+def timeline_row(
+    step: int,
+    report: IntervalReport,
+    reward: float,
+    terms: dict[str, float],
+    guard: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One timeline row; ``guard`` (a guarded backend's running counts, ``info["guard"]``) adds the
+    guards' columns and the interval's events."""
     row: dict[str, Any] = {
         "step": step,
         "wall_time_s": report.wall_time_s,
@@ -56,6 +64,9 @@ def timeline_row(step: int, report: IntervalReport, reward: float, terms: dict[s
         row[f"w{i}_compute_time_s"] = float(report.compute_time_s[i])
         row[f"w{i}_idle_time_s"] = float(report.idle_time_s[i])
         row[f"w{i}_batch_accuracy"] = float(report.batch_accuracy[i])
+    if guard is not None:
+        row.update({k: v for k, v in guard.items() if k != "guard_mode"})
+        row["events"] = "; ".join(report.events)
     if report.truth is not None:
         row["true_val_accuracy"] = report.truth["val_accuracy"]
         row["true_noise_scale"] = report.truth["noise_scale"]
@@ -91,7 +102,7 @@ def run_episode(
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec
     report: IntervalReport = info["report"]
-    timeline = [timeline_row(0, report, 0.0, {})]
+    timeline = [timeline_row(0, report, 0.0, {}, info.get("guard"))]
     idle_gpu_s = float((report.idle_time_s * report.iterations).sum())
     busy_gpu_s = float((report.iteration_time_s * report.iterations).sum())
     idle_fracs = [_idle_fraction(report)]
@@ -108,7 +119,7 @@ def run_episode(
         step += 1
         report = info["report"]
         changes += int(np.any(info["local_batches"] != prev))
-        timeline.append(timeline_row(step, report, reward, info["reward_terms"]))
+        timeline.append(timeline_row(step, report, reward, info["reward_terms"], info.get("guard")))
         idle_gpu_s += float((report.idle_time_s * report.iterations).sum())
         busy_gpu_s += float((report.iteration_time_s * report.iterations).sum())
         idle_fracs.append(_idle_fraction(report))
@@ -132,6 +143,8 @@ def run_episode(
         "workload": spec.workload,
         "backend": "sim" if report.truth is not None else "real",
     }
+    if info.get("guard") is not None:  # a guarded backend: what its guards did (sim.guards)
+        summary.update(info["guard"])
     return EpisodeResult(timeline, summary)
 
 

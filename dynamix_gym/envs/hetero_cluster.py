@@ -273,6 +273,9 @@ class HeteroClusterEnv(gym.Env):
         )
         self.batches = new_batches
         report = self.backend.run_interval(new_batches, self.interval)
+        if getattr(self.backend, "guard", None) is not None:
+            # a guarded backend (sim.guards) may have run its fallback's batches instead
+            self.batches = report.local_batch.astype(np.int64)
         self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
         self._observe(report)
         self.decisions += 1
@@ -357,6 +360,8 @@ class HeteroClusterEnv(gym.Env):
             "decisions": self.decisions,
             # simulation only: the backend's noise-free models, for oracles (sim.protocol.GroundTruth)
             "ground_truth": getattr(self.backend, "ground_truth", None),
+            # a guarded backend's counts so far (sim.guards.Guard.summary); None without guards
+            "guard": guard.summary() if (guard := getattr(self.backend, "guard", None)) is not None else None,
         }
 
 

@@ -47,6 +47,7 @@ def shared_backend():
         record_indices=True,
         timeout_s=6,
         target_accuracy=1.0,
+        guards="off",  # these tests check the lr rules' arithmetic; the guards' own: test_guards_real.py
     )
     yield b
     b.close()

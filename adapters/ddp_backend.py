@@ -426,7 +426,7 @@ class DDPBackend(BackendState):
             "base_lr": cfg.base_lr,
             "base_batch": cfg.base_batch,
             "noise_scale": self.noise.noise_scale,
-            "multiplier": self.lr_multiplier,
+            "multiplier": self.lr_multiplier * self.guard.lr_scale,  # elastic controller x guards' backoff
         }
         changed = self._last_batches is not None and bool(np.any(b != self._last_batches))
         common = {

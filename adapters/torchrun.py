@@ -379,7 +379,7 @@ class DynamixController:
 
     def _lr_for(self, batches: np.ndarray) -> float:
         gain = lr_gain(self.lr_rule, int(batches.sum()), self.base_batch, self.noise.noise_scale)
-        return self.base_lr * self.guard.config.lr_gain(gain)
+        return self.base_lr * self.guard.config.lr_gain(gain) * self.guard.lr_scale
 
     def _set_lr(self, lr: float) -> None:
         """The learning rate the rule asks for; the optimiser gets there over the guards' ramp."""

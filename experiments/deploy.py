@@ -16,8 +16,10 @@ Returns the time to accuracy in seconds (``inf`` when the target was not reached
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from adapters.ddp_backend import DDPBackend
 from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
-from experiments.common import plain
+from experiments.common import atomic_write_text, plain
 from experiments.evaluate import build_specs, make_env, record_run
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,18 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
             controller.close(final_report=getattr(env.unwrapped, "last_report", None))
         env.close()
     summary, tta = record_run(out, result, wrapped.inner, specs, spec, interval, step_offset=offset)
+    guard = backend.guard  # what the guards did (sim.guards): counts and every firing
+    atomic_write_text(
+        out / "guards.json",
+        json.dumps(
+            {
+                **guard.summary(),
+                "config": asdict(guard.config),
+                "events": [e.as_dict() for e in guard.events],
+            },
+            indent=2,
+        ),
+    )
     log.info(
         "%s on real DDP (%s, %s): final accuracy %.4f after %.1f s, %d decisions, target %s",
         summary["controller"],
@@ -107,6 +121,15 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         summary["total_time_s"],
         summary["decisions"],
         "reached" if math.isfinite(tta) else "not reached",
+    )
+    log.info(
+        "guards (%s): %d firings, %d rollbacks, %.1f s lost, %d intervals decided by the fallback (%s)",
+        guard.config.mode,
+        len(guard.events),
+        guard.rollbacks,
+        summary["guard_time_lost_s"],
+        guard.fallback_intervals,
+        out / "guards.json",
     )
     return tta
 

@@ -8,9 +8,10 @@ Three mechanisms, configured by one :class:`GuardConfig` (``mode="act"``, the de
    ``max_lr_gain`` (:func:`capped_lr_gain`). Default 2: the real AdaScale runs on the CPU task lose
    progress beyond twice the base rate (``results/fidelity/schedules_fit.md``: fitted
    ``lr_stable_gain`` 2.0) and diverge in some seeds at 8-16x the base batch.
-2. **A learning-rate ramp.** When the learning rate changes (the global batch moved, so the rule's
+2. **A learning-rate ramp.** When the learning rate rises (the global batch grew, so the rule's
    gain did), it moves to its new value linearly over ``lr_ramp_iters`` iterations, never in one
-   step (Goyal et al.'s gradual warm-up), :class:`LRRamp`. The gain itself follows the gradient noise
+   step (Goyal et al.'s gradual warm-up), :class:`LRRamp`; a lower rate is taken at once (a
+   slow descent would keep a rate that is already too high, as after a rollback). The gain itself follows the gradient noise
    scale's exponential moving average, so it is smoothed as well as capped.
 3. **A divergence watchdog with rollback** (:class:`Watchdog`). After every interval it compares the
    validation quality (the report's rising ``val_accuracy``) with its best so far and the validation
@@ -20,8 +21,11 @@ Three mechanisms, configured by one :class:`GuardConfig` (``mode="act"``, the de
    training back to its last good snapshot (model, optimiser, data position, noise-scale estimate,
    the batches and learning rate in force then), and a fallback holds control for ``cooldown``
    intervals: ``"hold"`` keeps the snapshot's batches; a controller name hands the decisions to
-   that controller. After ``max_rollbacks`` firings the fallback keeps control for the rest of the
-   run. A snapshot is taken after every *good* interval (quality within ``snapshot_tolerance`` of
+   that controller. Each rollback also multiplies the learning rate by ``lr_backoff`` for the rest
+   of the run (:attr:`Guard.lr_scale`): a state that was healthy and collapsed again at the same
+   batches had too high a rate (AdaScale's gain grows with the noise scale at a fixed batch), and
+   rolling back to it unchanged would only repeat the collapse. After ``max_rollbacks`` firings the
+   fallback keeps control for the rest of the run. A snapshot is taken after every *good* interval (quality within ``snapshot_tolerance`` of
    its best, loss within its bound), so the state rolled back to is one the watchdog saw healthy.
 
 ``mode="watch"`` runs the watchdog and records what it would have done, but changes nothing (the
@@ -67,6 +71,7 @@ class GuardConfig:
         cooldown: intervals the fallback keeps control after a rollback (>= 0).
         fallback: ``"hold"`` (the snapshot's batches) or a controller name (env and drop-in).
         max_rollbacks: firings after which the fallback keeps control for the rest of the run (>= 1).
+        lr_backoff: factor on the learning rate after each rollback, (0, 1] (1: none).
         snapshot_tolerance: an interval within this much of the best quality (and not bad) is good
             and snapshotted ([0, quality_drop]).
     """
@@ -81,6 +86,7 @@ class GuardConfig:
     fallback: str = "hold"
     max_rollbacks: int = 3
     snapshot_tolerance: float = 0.05
+    lr_backoff: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -113,6 +119,8 @@ class GuardConfig:
             raise bad("fallback", "'hold' or a controller name")
         if not 0.0 <= number("snapshot_tolerance") <= self.quality_drop:
             raise bad("snapshot_tolerance", f"[0, quality_drop={self.quality_drop}]")
+        if not 0.0 < number("lr_backoff") <= 1.0:
+            raise bad("lr_backoff", "(0, 1] (a factor on the learning rate after each rollback)")
 
     @classmethod
     def from_any(cls, value: GuardConfig | Mapping[str, Any] | str | None) -> GuardConfig:
@@ -153,8 +161,9 @@ def capped_lr_gain(gain: float, max_gain: float | None) -> float:
 
 
 class LRRamp:
-    """The learning rate of each iteration: moves linearly from where it is to a new target over
-    ``iters`` iterations (0: at once). A new target mid-ramp starts a new ramp from the current rate.
+    """The learning rate of each iteration: rises linearly from where it is to a higher target over
+    ``iters`` iterations (0: at once); a lower target is taken at once. A higher target mid-ramp
+    starts a new ramp from the current rate.
 
     Every rank of a job holds one and feeds it the same targets, so every rank steps the same rates.
     """
@@ -167,7 +176,7 @@ class LRRamp:
         self.done = iters  # iterations into the current ramp
 
     def set_target(self, lr: float) -> None:
-        if self.target is None or self.iters == 0:
+        if self.target is None or self.iters == 0 or lr <= self.current:
             self.start = self.target = lr
             self.done = self.iters
         elif lr != self.target:
@@ -318,6 +327,11 @@ class Guard:
     @property
     def cooling_down(self) -> bool:
         return self.config.acts and (self.cooldown_left > 0 or self.rollbacks >= self.config.max_rollbacks)
+
+    @property
+    def lr_scale(self) -> float:
+        """The factor on the learning rate the rollbacks so far leave (``lr_backoff ** rollbacks``)."""
+        return self.config.lr_backoff**self.rollbacks if self.config.acts else 1.0
 
     def fallback_decides(self) -> bool:
         """Whether the fallback decides this interval (counts it)."""

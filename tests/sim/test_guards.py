@@ -27,6 +27,7 @@ from sim.guards import Guard, GuardConfig, LRRamp, Watchdog, capped_lr_gain
         ("max_rollbacks", 0, "an integer >= 1"),
         ("fallback", "", "'hold' or a controller name"),
         ("snapshot_tolerance", 0.5, "[0, quality_drop=0.15]"),
+        ("lr_backoff", 0.0, "(0, 1]"),
     ],
 )
 def test_bad_settings_name_the_field_and_the_range(field, value, allowed):
@@ -51,14 +52,18 @@ def test_the_cap_applies_only_when_acting():
     assert GuardConfig(mode="off").ramp_iters() == 0
 
 
-def test_the_ramp_moves_linearly_and_restarts_from_where_it_is():
+def test_the_ramp_rises_linearly_restarts_from_where_it_is_and_falls_at_once():
     ramp = LRRamp(4)
     ramp.set_target(0.1)  # the first rate is taken at once
     assert ramp.steps(2) == [0.1, 0.1]
     ramp.set_target(0.5)
     assert ramp.steps(2) == pytest.approx([0.2, 0.3])
-    ramp.set_target(0.1)  # mid-ramp: from 0.3 back down over 4 iterations
-    assert ramp.steps(5) == pytest.approx([0.25, 0.2, 0.15, 0.1, 0.1])
+    ramp.set_target(0.7)  # mid-ramp: from 0.3 up over 4 iterations
+    assert ramp.steps(5) == pytest.approx([0.4, 0.5, 0.6, 0.7, 0.7])
+    ramp.set_target(0.5)
+    ramp.set_target(0.9)
+    ramp.set_target(0.2)  # mid-ramp down: at once
+    assert ramp.steps(2) == [0.2, 0.2]
     instant = LRRamp(0)
     instant.set_target(0.1)
     instant.set_target(0.7)
@@ -104,6 +109,7 @@ def test_a_bad_interval_moves_neither_the_best_nor_the_snapshot():
     summary = guard.summary()
     assert summary["guard_rollbacks"] == 2 and summary["guard_fallback_intervals"] == 12
     assert summary["guard_time_lost_s"] == pytest.approx(2.5 + 2.1)
+    assert guard.lr_scale == 0.25  # halved by each rollback
 
 
 def test_watching_records_what_it_would_do_and_changes_nothing():

@@ -1,44 +1,22 @@
-"""A reckless controller and a drop-in rank for the guards' real-rank tests (a module of its own so
-that spawned ranks can import it: tests/ is on the path)."""
+"""A drop-in rank for the guards' real-rank tests (a module of its own so that spawned ranks can
+import it: tests/ is on the path)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
-from dynamix_gym.controllers.base import BaseController
-
-
-class Reckless(BaseController):
-    """Runs ``small`` for ``calm`` decisions, then jumps every worker to its memory cap: under the
-    linear rule at a high base learning rate, that is a learning rate many times the tuned one."""
-
-    name: ClassVar[str] = "reckless"
-    action_mode: ClassVar[str] = "absolute"
-
-    def __init__(self, small: int = 16, calm: int = 3) -> None:
-        self.small, self.calm = small, calm
-
-    def reset(self, spec, rng=None) -> None:
-        super().reset(spec, rng)
-        self.decisions = 0
-
-    def predict(self, observation, info, deterministic=True):
-        self.decisions += 1
-        if self.decisions <= self.calm:
-            return np.full(self.spec.num_workers, self.small, dtype=np.float32), None
-        return self.spec.max_batch.astype(np.float32), None
+from dynamix_gym.controllers.reckless import RecklessController
 
 
 def dropin_rank(rank: int, world: int, port: int, guards: Any, steps: int, out: Any) -> None:
-    """One rank of a drop-in job (digits CNN, SGD, linear rule) driven by :class:`Reckless`."""
+    """One rank of a drop-in job (digits CNN, SGD, linear rule) driven by the reckless controller."""
     from adapters.data import load_dataset
     from adapters.models import build_model
     from adapters.torchrun import DynamixController
@@ -57,7 +35,7 @@ def dropin_rank(rank: int, world: int, port: int, guards: Any, steps: int, out: 
             return float((o.argmax(1) == data.y_val).float().mean()), float(F.cross_entropy(o, data.y_val))
 
     ctl = DynamixController(
-        model, opt, policy=Reckless(), interval=10, base_batch=32, min_batch=8, max_batch=256,
+        model, opt, policy=RecklessController(), interval=10, base_batch=32, min_batch=8, max_batch=256,
         initial_batch=16, lr_rule="linear", evaluate=evaluate, target_accuracy=0.95, guards=guards,
     )  # fmt: skip
     dataset = TensorDataset(data.x_train, data.y_train)

@@ -10,9 +10,10 @@ from datetime import timedelta
 import numpy as np
 import pytest
 import torch.distributed as dist
-from guard_ranks import Reckless, dropin_rank
+from guard_ranks import dropin_rank
 
 from adapters.ddp_backend import DDPBackend
+from dynamix_gym.controllers.reckless import RecklessController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 
@@ -31,7 +32,7 @@ def _episode(guards, seed: int = 0, max_steps: int = 30):
         backend=DDPBackend(**RECKLESS_JOB, guards=guards), interval=10, action_mode="absolute"
     )
     try:
-        result = run_episode(env, Reckless(), seed, max_steps=max_steps)
+        result = run_episode(env, RecklessController(), seed, max_steps=max_steps)
     finally:
         env.close()
     return result

@@ -484,6 +484,12 @@ class DDPBackend(BackendState):
                 f"lower base_lr (now {self.config.base_lr}) or the lr_rule's gain"
             )
         gnorm = np.stack([np.sqrt(r["local_sqr"]) for r in replies])
+        global_sqr = np.asarray(replies[0]["global_sqr"])
+        if not (np.all(np.isfinite(gnorm)) and np.all(np.isfinite(global_sqr))):
+            raise TrainingDiverged(
+                f"the gradient norm became non-finite (per rank, largest: {gnorm.max(axis=1).tolist()}) in "
+                f"interval {self._intervals}: lower base_lr (now {self.config.base_lr}) or the lr_rule's gain"
+            )
         seconds, sent, retrans = snap0.delta(snap1)
         val_acc, val_loss = replies[0]["val"]
         if not math.isfinite(val_loss):
@@ -511,7 +517,7 @@ class DDPBackend(BackendState):
             gpu_mem_util=np.array([r["gpu_mem_util"] for r in replies]),
             wall_time_s=float(self.wall_time_s()),
             reconfig_time_s=float(max(r["setup_s"] for r in replies)) if changed else 0.0,
-            global_grad_sqr=float(np.mean(replies[0]["global_sqr"])),
+            global_grad_sqr=float(np.mean(global_sqr)),
             val_accuracy=float(val_acc),
             val_loss=float(val_loss),
             epoch=float(replies[0]["epoch"]),

@@ -11,23 +11,21 @@ fault schedule and the sample count running: time lost is time lost.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from adapters import checkpoint as ckpt
-from sim.guards import TrainingDiverged
-from sim.protocol import IntervalReport
+from sim.guards import GuardedBackend
 
 log = logging.getLogger(__name__)
 
 
-class BackendState:
+class BackendState(GuardedBackend):
     """Mixed into :class:`adapters.ddp_backend.DDPBackend` (which provides ``_command``,
-    ``_interval``, ``guard`` and the coordinator's fields)."""
+    ``_interval``, ``guard`` and the coordinator's fields); the guards' interval is
+    :class:`sim.guards.GuardedBackend`'s."""
 
     # --- the coordinator's own state -----------------------------------------------------------------
     def _coordinator_state(self) -> dict[str, Any]:
@@ -46,63 +44,14 @@ class BackendState:
         self._last_comm_s = float(state["last_comm_s"])
         self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
 
-    # --- the guards ----------------------------------------------------------------------------------
-    def guarded_interval(self, b: np.ndarray, k_iters: int) -> IntervalReport:
-        """One interval under the guards: the fallback's batches while it holds control, the
-        watchdog's verdict after it, a snapshot after a good interval and, when it fires, a rollback
-        and the interval run again at the snapshot's batches (its report covers the whole time)."""
-        guard = self.guard
-        notes: list[str] = []
-        if guard.config.fallback == "hold" and guard.fallback_decides():
-            held = np.asarray(guard.held_batches, dtype=np.int64)
-            if np.any(held != b):
-                notes.append(f"guard: the fallback holds the batches {held.tolist()} (asked {b.tolist()})")
-            b = held
-        t_start = time.perf_counter()
-        seen = len(guard.events)
-        try:
-            report, diverged = self._interval(b, k_iters), None
-        except TrainingDiverged as e:
-            if not guard.config.watches:
-                raise
-            self._intervals += 1  # the interval ran; its time is spent
-            report, diverged = None, str(e)
-        quality = report.val_accuracy if report is not None else float("nan")
-        loss = report.val_loss if report is not None else float("nan")
-        verdict = guard.observe(self._intervals - 1, self.wall_time_s(), quality, loss, b.tolist(), diverged)
-        if verdict == "snapshot":
-            self._take_snapshot()
-        elif verdict == "rollback":
-            report = self._roll_back(k_iters, t_start)
-        for event in guard.events[seen:]:
-            notes.append(event.describe())
-            log.warning("%s", notes[-1])
-        if report is None:  # diverged, and nothing to roll back to (or only watching)
-            raise TrainingDiverged(f"{diverged} ({notes[-1] if notes else 'guards off'})")
-        if notes:
-            report = replace(report, events=(*report.events, *notes))
-        return report
-
+    # --- the guards' snapshots (sim.guards.GuardedBackend calls these) -----------------------------------
     def _take_snapshot(self) -> None:
         self._command("snapshot", {}, deadline_s=10 * self.config.timeout_s)
         self._held_state = self._coordinator_state()
 
-    def _roll_back(self, k_iters: int, t_start: float) -> IntervalReport:
-        """Restore the last snapshot on every rank and here, then run the interval again at its
-        batches (the fallback's first interval)."""
+    def _restore_snapshot(self) -> None:
         self._command("restore", {}, deadline_s=10 * self.config.timeout_s)
         self._load_coordinator_state(self._held_state)
-        self.guard.rolled_back(self.wall_time_s())
-        self.guard.fallback_intervals += 1
-        held = np.asarray(self.guard.held_batches, dtype=np.int64)
-        report = self._interval(held, k_iters)  # a second divergence from a good state is raised
-        quality, loss = report.val_accuracy, report.val_loss
-        if (
-            self.guard.observe(self._intervals - 1, self.wall_time_s(), quality, loss, held.tolist())
-            == "snapshot"
-        ):
-            self._take_snapshot()
-        return replace(report, interval_time_s=time.perf_counter() - t_start)
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

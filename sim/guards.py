@@ -41,10 +41,13 @@ This module is numpy-free and torch-free: the worker processes import it at no c
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 GUARD_MODES = ("off", "watch", "act")
 #: Fallbacks every real path knows without a controller registry.
@@ -447,3 +450,69 @@ class Guard:
         self.fallback_intervals = int(state["fallback_intervals"])
         self.held_batches = tuple(state["held_batches"]) if state["held_batches"] else None
         self.snapshot_interval = None
+
+
+class GuardedBackend:
+    """The guards around a backend's intervals, one implementation for every backend.
+
+    The class it is mixed into provides ``guard`` (a :class:`Guard`), ``_intervals`` (intervals run
+    so far), ``wall_time_s()``, ``_interval(batches, k)`` (one interval at checked batches; it may
+    raise :class:`TrainingDiverged`), ``_take_snapshot()`` and ``_restore_snapshot()`` (its training
+    state kept and put back; the clocks and the faults run on).
+    """
+
+    def guarded_interval(self, b: Any, k_iters: int) -> Any:
+        """One interval under the guards: the fallback's batches while it holds control, the
+        watchdog's verdict after it, a snapshot after a good interval and, when it fires, a rollback
+        and the interval run again at the snapshot's batches (its report covers the whole time)."""
+        import numpy as np  # the worker processes import this module without numpy's cost
+
+        guard = self.guard
+        notes: list[str] = []
+        if guard.config.fallback == "hold" and guard.fallback_decides():
+            held = np.asarray(guard.held_batches, dtype=np.int64)
+            if np.any(held != b):
+                notes.append(f"guard: the fallback holds the batches {held.tolist()} (asked {b.tolist()})")
+            b = held
+        t_start = self.wall_time_s()
+        seen = len(guard.events)
+        try:
+            report, diverged = self._interval(b, k_iters), None
+        except TrainingDiverged as e:
+            if not guard.config.watches:
+                raise
+            self._intervals += 1  # the interval ran; its time is spent
+            report, diverged = None, str(e)
+        quality = report.val_accuracy if report is not None else math.nan
+        loss = report.val_loss if report is not None else math.nan
+        verdict = guard.observe(self._intervals - 1, self.wall_time_s(), quality, loss, b.tolist(), diverged)
+        if verdict == "snapshot":
+            self._take_snapshot()
+        elif verdict == "rollback":
+            report = self._roll_back(k_iters, t_start)
+        for event in guard.events[seen:]:
+            notes.append(event.describe())
+            log.warning("%s", notes[-1])
+        if report is None:  # diverged, and nothing to roll back to (or only watching)
+            raise TrainingDiverged(f"{diverged} ({notes[-1] if notes else 'guards off'})")
+        if notes:
+            report = replace(report, events=(*report.events, *notes))
+        return report
+
+    def _roll_back(self, k_iters: int, t_start: float) -> Any:
+        """Restore the last snapshot, then run the interval again at its batches (the fallback's
+        first interval; a second divergence from a good state is raised)."""
+        import numpy as np
+
+        self._restore_snapshot()
+        self.guard.rolled_back(self.wall_time_s())
+        self.guard.fallback_intervals += 1
+        held = np.asarray(self.guard.held_batches, dtype=np.int64)
+        report = self._interval(held, k_iters)
+        quality, loss = report.val_accuracy, report.val_loss
+        if (
+            self.guard.observe(self._intervals - 1, self.wall_time_s(), quality, loss, held.tolist())
+            == "snapshot"
+        ):
+            self._take_snapshot()
+        return replace(report, interval_time_s=self.wall_time_s() - t_start)

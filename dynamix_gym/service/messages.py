@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from dynamix_gym.schema import SCHEMA_VERSIONS
+from dynamix_gym.obs import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import LR_RULES
@@ -119,11 +119,12 @@ def check_register(req: pb.RegisterRequest) -> None:
     """Refuse a registration whose job id, schema, interval or spec is malformed."""
     if not JOB_ID.match(req.job_id):
         raise FieldError("job_id", f"must be 1-64 characters of [A-Za-z0-9._-], got {req.job_id[:80]!r}")
-    if req.schema_version not in SCHEMA_VERSIONS:
+    if req.schema_version and req.schema_version not in SCHEMA_VERSIONS:
         raise FieldError(
             "schema_version",
-            f"the service encodes observation schemas {list(SCHEMA_VERSIONS)}, the job speaks "
-            f"{req.schema_version[:16]!r}; run a client (dynamix_gym) of the service's version",
+            f"the service encodes observation schemas {list(SCHEMA_VERSIONS)} ('': the served "
+            f"bundle's own), the job asks for {req.schema_version[:16]!r}; run a client (dynamix_gym) "
+            "of the service's version",
         )
     if not 1 <= req.interval <= 100_000:
         raise FieldError("interval", f"must lie in [1, 100000] iterations, got {req.interval}")

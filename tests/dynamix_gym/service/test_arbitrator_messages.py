@@ -114,7 +114,7 @@ def test_registration_checks(reports):
     bad.CopyFrom(ok)
     bad.schema_version = "0"
     with pytest.raises(
-        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\]"
+        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\] \\(''"
     ):
         check_register(bad)
     bad.CopyFrom(ok)

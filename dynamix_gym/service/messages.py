@@ -47,6 +47,7 @@ import re
 
 import numpy as np
 
+from dynamix_gym.controllers.bundle import BundleMismatchError
 from dynamix_gym.obs import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
 from sim.protocol import (
@@ -147,6 +148,16 @@ def check_register(req: pb.RegisterRequest) -> None:
         raise FieldError("workload/task/bundle", "names are at most 64 / 128 / 64 characters")
     if req.next_seq > 1 << 40:
         raise FieldError("next_seq", f"must lie in [0, 2^40], got {req.next_seq}")
+
+
+def check_bundle_schema(requested: str, bundle: str, bundle_schema: str) -> None:
+    """Refuse (:class:`BundleMismatchError`: ``FAILED_PRECONDITION``) a job that registered for an
+    observation schema the served bundle does not read; ``""`` accepts the bundle's own."""
+    if requested and requested != bundle_schema:
+        raise BundleMismatchError(
+            f"bundle {bundle!r} reads observation schema {bundle_schema}; the job registered for "
+            f"schema {requested} (register with schema_version {bundle_schema!r}, or '' for the bundle's own)"
+        )
 
 
 def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:

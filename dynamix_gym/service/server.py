@@ -47,6 +47,7 @@ from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import (
     FieldError,
     batches_from_proto,
+    check_bundle_schema,
     check_register,
     report_from_proto,
     spec_from_proto,
@@ -287,12 +288,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"bundle {served.name!r} is a centralised policy for {meta.num_workers} workers; "
                     f"the job has {spec.num_workers}"
                 )
-            if request.schema_version and request.schema_version != meta.schema_version:
-                raise BundleMismatchError(
-                    f"bundle {served.name!r} reads observation schema {meta.schema_version}; the job "
-                    f"registered for schema {request.schema_version} (register with schema_version "
-                    f"{meta.schema_version!r}, or '' for the bundle's own)"
-                )
+            check_bundle_schema(request.schema_version, served.name, meta.schema_version)
             encoder = make_encoder(meta.schema_version, spec)
         except (FieldError, ValueError) as e:
             code = (

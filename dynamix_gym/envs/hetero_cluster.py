@@ -26,8 +26,8 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     split_batches,
     step_masks,
 )
+from dynamix_gym.obs import check_schema_version, get_schema, make_encoder
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 from sim.protocol import Backend, IntervalReport
 
 

@@ -48,7 +48,7 @@ from adapters.snapshot import StateSnapshot
 from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule, observed_reconfig_s
 from dynamix_gym.controllers.base import Controller, env_options
 from dynamix_gym.controllers.registry import make_controller
-from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION as SCHEMA_VERSION
+from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION
 from dynamix_gym.obs import make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
@@ -235,7 +235,7 @@ class DynamixController:
             # what the policy's env would be built with: a bundle's schema, steps and split (else the
             # env's defaults: schema 1, the mode's default steps, the policy's own split)
             opts = env_options(self.policy)
-            self.encoder = make_encoder(opts.get("obs_schema", SCHEMA_VERSION), self.spec)
+            self.encoder = make_encoder(opts.get("obs_schema", DEFAULT_SCHEMA_VERSION), self.spec)
             self.actions = ActionRule.for_spec(
                 self.policy.action_mode,
                 self.spec,

@@ -68,10 +68,10 @@ class HeteroClusterEnv(gym.Env):
 
     ## Observation Space
     ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
-    float32)``, table in :mod:`dynamix_gym.schema_v2` (batches against the worker's range and the
+    float32)``, table in :mod:`dynamix_gym.obs.v2` (batches against the worker's range and the
     noise scale, times and throughput as trends against the run's first interval, gradient
     statistics as ratios); ``obs_schema=3`` adds the job's learning-rate regime to it
-    (``Box(-1, 1, (N * 14 + 17,), float32)``, :mod:`dynamix_gym.schema_v3`). Default, schema 1:
+    (``Box(-1, 1, (N * 14 + 17,), float32)``, :mod:`dynamix_gym.obs.v3`). Default, schema 1:
     ``Box(-1, 1, (N * 19 + 13,), float32)``: the 19 per-worker features of every worker, then the
     13 global features, each clipped to its raw range and mapped onto [-1, 1]
     (:data:`dynamix_gym.OBS_SCHEMA`; version 1):

@@ -48,8 +48,7 @@ from adapters.snapshot import StateSnapshot
 from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule, observed_reconfig_s
 from dynamix_gym.controllers.base import Controller, env_options
 from dynamix_gym.controllers.registry import make_controller
-from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION
-from dynamix_gym.obs import make_encoder
+from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport

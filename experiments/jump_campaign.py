@@ -35,7 +35,8 @@ KEY = ("rule", "ramp", "point", "jump", "seed")
 
 def campaign_guards(ramp: int) -> dict[str, Any]:
     """The guards of a campaign run: the ramp under test, no cap, a watchdog that never fires on
-    quality or loss (a non-finite loss still stops the run: it is the deepest collapse)."""
+    quality or loss; a non-finite loss still fires it, and the run stops there as diverged (the
+    deepest collapse), whatever the guards did about it."""
     return {"mode": "act", "max_lr_gain": None, "lr_ramp_iters": int(ramp), "quality_drop": 1.0,
             "loss_factor": None, "patience": 10**6, "snapshot_tolerance": 0.0}  # fmt: skip
 
@@ -55,9 +56,12 @@ def run_one(
     try:
         for i in range(pre + int(cfg.post)):
             report = backend.run_interval(small if i < pre else big, k)
+            if backend.guard.events:  # only a non-finite loss fires these guards (then rolled back)
+                diverged = True
+                break
             qualities.append(report.val_accuracy)
             lrs.append(max(backend.last_replies[0]["lr"], 0.0))
-    except TrainingDiverged:
+    except TrainingDiverged:  # non-finite before any snapshot: nothing to roll back to
         diverged = True
     before = qualities[pre - 1] if len(qualities) >= pre else math.nan
     after = qualities[pre:]

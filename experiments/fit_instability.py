@@ -38,7 +38,7 @@ def features(runs: pd.DataFrame) -> np.ndarray:
 
 
 def fit(runs: pd.DataFrame) -> LogisticRegression:
-    return LogisticRegression(penalty=None, max_iter=1000).fit(features(runs), runs.collapsed.astype(int))
+    return LogisticRegression(C=np.inf, max_iter=1000).fit(features(runs), runs.collapsed.astype(int))
 
 
 def held_out_log_loss(runs: pd.DataFrame, folds: int) -> tuple[float, float]:

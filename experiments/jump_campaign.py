@@ -27,6 +27,7 @@ from tqdm import tqdm
 from adapters.ddp_backend import DDPBackend
 from experiments.common import atomic_write_text, plain
 from sim.guards import TrainingDiverged
+from sim.scaling import lr_gain
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,12 @@ def run_one(
     small = backend.spec.initial_batch
     big = small * int(jump)
     qualities, lrs = [], []
-    diverged = False
+    diverged, jump_lr = False, math.nan
     try:
         for i in range(pre + int(cfg.post)):
+            if i == pre:  # the rate the jump asks for, known before it runs (a run may diverge at once)
+                gain = lr_gain(rule, int(big.sum()), backend.spec.base_batch, backend.noise.noise_scale)
+                jump_lr = backend.config.base_lr * gain
             report = backend.run_interval(small if i < pre else big, k)
             if backend.guard.events:  # only a non-finite loss fires these guards (then rolled back)
                 diverged = True
@@ -75,7 +79,7 @@ def run_one(
         "diverged": diverged,
         "collapsed": diverged or depth >= float(cfg.collapse_drop),
         "lr_before": lrs[pre - 1] if len(lrs) >= pre else math.nan,
-        "lr_after": max(lrs[pre:]) if len(lrs) > pre else math.nan,
+        "lr_after": max([jump_lr, *lrs[pre:]]) if len(qualities) >= pre else math.nan,
         "intervals_after": len(after),
     }
 

@@ -2,10 +2,10 @@
 
 :class:`BatchedSimulator` runs the arithmetic of :meth:`sim.engine.Simulator.run_interval` for a
 batch of clusters at once (any mix of sizes, GPU types, workloads and scenarios; smaller clusters
-are padded), over arrays ``[clusters, K, workers]`` of one interval's iterations:
+are padded), over arrays ``[clusters, workers, K]`` of one interval's iterations:
 
-    T_compute[c, j, i] = exp(cv_c z[c, j, i] + ln smooth_max(host, T_gpu(b) slowed, k) - cv_c^2 / 2)
-    T_slowest[c, j]    = max_i T_compute[c, j, i]
+    T_compute[c, i, j] = exp(cv_c z[c, i, j] + ln smooth_max(host, T_gpu(b) slowed, k) - cv_c^2 / 2)
+    T_slowest[c, j]    = max_i T_compute[c, i, j]
     T_iter[c, j]       = smooth_max(T_slowest, (T_sync / bandwidth + 2 (R - 1) latency) jitter, gamma)
 
 and then progress, the noise-scale inputs, measurement noise and every report field as the engine
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.batched_noise import BatchNoise, StreamNoise
+from sim.batched_noise import BatchNoise, StreamNoise, batch_generator
 from sim.batched_world import ConvergenceTables, WorldArrays
 from sim.engine import Simulator
 from sim.fault_timeline import FaultTimeline
@@ -110,7 +110,7 @@ class BatchedSimulator:
         self.clusters, self.width = c, w
         self.world = WorldArrays(c, w)
         self.conv = ConvergenceTables(c)
-        self.noise = StreamNoise(c) if noise == "stream" else BatchNoise(np.random.default_rng(seed))
+        self.noise = StreamNoise(c) if noise == "stream" else BatchNoise(batch_generator(seed))
         self.timelines: list[FaultTimeline | None] = [None] * c
         f = np.zeros
         self.gpu_slowdown, self.host_slowdown = np.ones((c, w)), np.ones((c, w))
@@ -124,6 +124,7 @@ class BatchedSimulator:
         self.cursor = f(c, dtype=np.int64)  # events processed
         self.next_t = np.full(c, math.inf)
         self.log_cursor = f(c, dtype=np.int64)
+        self.log_end = f(c, dtype=np.int64)  # fault-log lines after the events processed
         self.started = f(c, dtype=bool)
         for i, sim in enumerate(worlds):
             self.set_world(i, sim)
@@ -148,7 +149,7 @@ class BatchedSimulator:
         self.memory[i] = np.nan
         self.samples[i] = 0
         self.has_last[i] = False
-        self.cursor[i] = self.log_cursor[i] = 0
+        self.cursor[i] = self.log_cursor[i] = self.log_end[i] = 0
         self.next_t[i] = tl.time(0)
         self.started[i] = True
 
@@ -170,6 +171,7 @@ class BatchedSimulator:
                 self.pending[i] += tl.delay(k)
                 k += 1
             self.cursor[i] = k
+            self.log_end[i] = tl.log_end(k - 1)
             self.next_t[i] = tl.time(k)
             self._apply_state(i, tl.state(k - 1))
 
@@ -291,16 +293,16 @@ class BatchedSimulator:
         shifted = bool(jj.any())
         if shifted:  # later segments: iteration j of the interval is column 0
             cols = np.minimum(jj[:, None] + np.arange(k_iters), k_iters - 1)
-            z = np.take_along_axis(d.compute[todo], cols[:, :, None], axis=1)
+            z = np.take_along_axis(d.compute[todo], cols[:, None, :], axis=2)
             jit, lat = np.take_along_axis(jitter[todo], cols, 1), np.take_along_axis(latency[todo], cols, 1)
         elif len(todo) == len(jitter):  # every cluster of the step: no gather
             z, jit, lat = d.compute, jitter, latency
         else:
             z, jit, lat = d.compute[todo], jitter[todo], latency[todo]
         comp = z * cv[todo][:, None, None]
-        comp += log_comp[:, None, :]
+        comp += log_comp[:, :, None]
         np.exp(comp, out=comp)
-        slowest = comp.max(axis=2)
+        slowest = comp.max(axis=1)
         ring = 2 * (replicas - 1)
         sync = (base_sync / self.bandwidth[ci])[:, None] + ring[:, None] * lat
         sync *= jit
@@ -316,13 +318,13 @@ class BatchedSimulator:
         full = m == k_iters - jj
         if full.all() and not shifted:
             seg_time = it.sum(axis=1)
-            comp_sum = comp.sum(axis=1)
+            comp_sum = comp.sum(axis=2)
             slow_sum = slowest.sum(axis=1)
             comm = (it - slowest).sum(axis=1)
         else:
             mask = np.arange(k_iters) < m[:, None]
             seg_time = np.where(mask, it, 0.0).sum(axis=1)
-            comp_sum = np.where(mask[:, :, None], comp, 0.0).sum(axis=1)
+            comp_sum = np.where(mask[:, None, :], comp, 0.0).sum(axis=2)
             slow_sum = np.where(mask, slowest, 0.0).sum(axis=1)
             comm = np.where(mask, it - slowest, 0.0).sum(axis=1)
         mf = m.astype(np.float64)[:, None]
@@ -393,17 +395,14 @@ class BatchedSimulator:
         m0 = conv.base_batch[idx]
         scale = g2[:, None] + (v * m0)[:, None] / b
         root = np.sqrt(d.grad)
-        mean_g, mean_root = d.grad.mean(axis=1), root.mean(axis=1)
+        mean_g, mean_root = d.grad.mean(axis=2), root.mean(axis=2)
         var_root = np.maximum(mean_g - mean_root**2, 0.0)
         gb = np.maximum(acc.global_batch, 1)
         global_sqr = (g2 + v * m0 / gb) * d.grad_global
 
         noise_scale = conv.noise_scale(idx, progress)
-        span = np.stack([self.log_cursor[idx], self.log_cursor[idx]], axis=1)
-        for row, i in enumerate(idx.tolist()):
-            end = self.timelines[i].log_end(int(self.cursor[i]) - 1)
-            span[row, 1] = end
-            self.log_cursor[i] = end
+        span = np.stack([self.log_cursor[idx], self.log_end[idx]], axis=1)
+        self.log_cursor[idx] = self.log_end[idx]
         truth = {
             "progress": progress,
             "noise_scale": noise_scale,

@@ -24,8 +24,8 @@ import simpy
 
 from sim.faults import ClusterState, FaultEvent, FaultInjector, Scenario
 
-#: Events drawn at a time when the reader runs past the drawn ones.
-_CHUNK_EVENTS = 64
+#: Events drawn at a time when the reader runs past the drawn ones (few: an episode may end first).
+_CHUNK_EVENTS = 4
 
 
 class FaultTimeline:

@@ -29,6 +29,7 @@ from dynamix_gym.batched_encoding import BatchedEncoder, batched_reward
 from dynamix_gym.reward import RewardConfig
 from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 from sim.batched import BatchedSimulator, BatchReport
+from sim.batched_noise import batch_generator
 
 #: What a cluster's world is built from (the keywords of :class:`SimBackend`).
 WORLD_KEYS = ("cluster", "workload", "scenario", "workers", "initial_batch", "time_budget_s", "profile")
@@ -171,7 +172,7 @@ class BatchedClusters:
                 self.rngs[i] = seeding.np_random(s)[0]
         if not self._noise_seeded:
             first = None if seeds is None else seeds[0]
-            self.engine.noise.rng = np.random.default_rng(first)
+            self.engine.noise.rng = batch_generator(first)
             self._noise_seeded = True
 
     def start(self, rows: np.ndarray) -> BatchReport:

@@ -119,20 +119,22 @@ def plot(results: list[dict], path) -> None:
 
     fig = Figure(figsize=(13.5, 4.0))
     ax_rate, ax_up, ax_mem = fig.subplots(1, 3)
-    for res, colour in zip(results, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=False):
-        n = res["workers"]
+    for res, colour in zip(
+        results, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"), strict=False
+    ):
+        n = f"{res['workers']} w., {res['scenario']}"
         sizes = [r["batch"] for r in res["rows"]]
         ax_rate.plot(sizes, [r["batched_steps_per_s"] for r in res["rows"]], "o-", color=colour,
-                     label=f"batched, {n} workers")  # fmt: skip
+                     label=f"batched, {n}")  # fmt: skip
         stream = [(r["batch"], r["stream_steps_per_s"]) for r in res["rows"] if r["stream_steps_per_s"]]
         if stream:
             ax_rate.plot(
                 *zip(*stream, strict=True), "s:", color=colour, label=f"batched, own streams, {n} w."
             )
         ax_rate.axhline(res["per_cluster_steps_per_s"], color=colour, linestyle="--", linewidth=1,
-                        label=f"per-cluster env, {n} workers")  # fmt: skip
-        ax_up.plot(sizes, [r["speedup"] for r in res["rows"]], "o-", color=colour, label=f"{n} workers")
-        ax_mem.plot(sizes, [r["peak_mib"] for r in res["rows"]], "o-", color=colour, label=f"{n} workers")
+                        label=f"per-cluster env, {n}")  # fmt: skip
+        ax_up.plot(sizes, [r["speedup"] for r in res["rows"]], "o-", color=colour, label=n)
+        ax_mem.plot(sizes, [r["peak_mib"] for r in res["rows"]], "o-", color=colour, label=n)
     for ax, title, unit in ((ax_rate, "env steps per second (one core)", "steps/s"),
                             (ax_up, "speed-up over the per-cluster env", "x"),
                             (ax_mem, "peak memory of the batched env", "MiB")):  # fmt: skip

@@ -154,34 +154,38 @@ def run_batched(cfg: DictConfig) -> dict:
     """The batched vector env against the per-cluster env (``cfg.batched``), table, JSON and plot."""
     b = cfg.batched
     results = [
-        bench_batched.measure(
-            int(n),
-            b.scenario,
-            int(cfg.iterations),
-            [int(x) for x in sizes],
-            float(b.seconds),
-            int(cfg.seed),
-            int(b.rounds),
-            int(b.per_cluster_envs),
-            [int(x) for x in b.stream_sizes if int(x) in sizes],
-        )
+        {
+            "scenario": scenario,
+            **bench_batched.measure(
+                n,
+                scenario,
+                int(cfg.iterations),
+                [int(x) for x in sizes],
+                float(b.seconds),
+                int(cfg.seed),
+                int(b.rounds),
+                int(b.per_cluster_envs),
+                [int(x) for x in b.stream_sizes if int(x) in sizes],
+            ),
+        }
+        for scenario in b.scenarios
         for n, sizes in ((int(n), list(sizes)) for n, sizes in b.batch_sizes.items())
     ]
-    print(f"\nBatched vector env vs per-cluster env, K = {cfg.iterations}, scenario {b.scenario}, one core")
-    print(f"{'workers':>8}{'batch':>7}{'per-cluster/s':>15}{'batched/s':>12}{'speed-up':>10}"
+    print(f"\nBatched vector env vs per-cluster env, K = {cfg.iterations}, one core")
+    print(f"{'scenario':<15}{'workers':>8}{'batch':>7}{'per-cluster/s':>15}{'batched/s':>12}{'speed-up':>10}"
           f"{'own streams/s':>15}{'speed-up':>10}{'peak MiB':>10}")  # fmt: skip
     for res in results:
         for r in res["rows"]:
             stream = "-" if r["stream_steps_per_s"] is None else f"{r['stream_steps_per_s']:.0f}"
             stream_up = "-" if r["stream_speedup"] is None else f"{r['stream_speedup']:.1f}"
             print(
-                f"{res['workers']:>8}{r['batch']:>7}{res['per_cluster_steps_per_s']:>15.0f}"
+                f"{res['scenario']:<15}{res['workers']:>8}{r['batch']:>7}{res['per_cluster_steps_per_s']:>15.0f}"
                 f"{r['batched_steps_per_s']:>12.0f}{r['speedup']:>10.1f}{stream:>15}{stream_up:>10}"
                 f"{r['peak_mib']:>10.0f}"
             )
     out = {
         "K": int(cfg.iterations),
-        "scenario": b.scenario,
+        "scenarios": list(b.scenarios),
         "date": datetime.date.today().isoformat(),
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -144,6 +144,6 @@ def plot(results: list[dict], path) -> None:
         ax.set_ylabel(unit)
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=130)

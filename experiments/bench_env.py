@@ -141,7 +141,14 @@ def run(cfg: DictConfig) -> dict:
             f"{r['overhead_ratio']:>8.3f}{r['in_loop_backend_us_per_step']:>21.0f}"
             f"{r['in_loop_env_own_us_per_step']:>12.0f}{r['in_loop_ratio']:>15.3f}"
         )
-    result = {"K": int(cfg.iterations), "scenario": cfg.scenario, "rows": rows, "target_ratio": 1.25}
+    result = {
+        "K": int(cfg.iterations),
+        "scenario": cfg.scenario,
+        "rows": rows,
+        "target_ratio": 1.25,
+        "date": datetime.date.today().isoformat(),
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine: timings are noisy when high
+    }
     out = Path(to_absolute_path(cfg.out))
     atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")

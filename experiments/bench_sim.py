@@ -132,6 +132,7 @@ def run(cfg: DictConfig) -> dict:
         "target": {"workers": 8, "intervals_per_s": 2000},
         "batched_clusters": clusters,
         "date": datetime.date.today().isoformat(),
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine: timings are noisy when high
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
     }
     out = Path(to_absolute_path(cfg.out))

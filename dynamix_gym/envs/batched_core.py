@@ -114,7 +114,7 @@ class BatchedClusters:
             bad = sorted(set(w) - set(WORLD_KEYS))
             if bad:
                 raise ValueError(f"unknown world keys {bad}; known: {list(WORLD_KEYS)}")
-        first = [self._backend(i, np.random.default_rng(0)) for i in range(self.num_envs)]
+        first = [self._backend(i, np.random.default_rng(0))[0] for i in range(self.num_envs)]
         self.specs = [b.spec for b in first]
         self.sizes = np.array([s.num_workers for s in self.specs], dtype=np.int64)
         self.width = int(self.sizes.max())
@@ -140,12 +140,12 @@ class BatchedClusters:
             self._install(i, b)
 
     # --- worlds -------------------------------------------------------------------------------------
-    def _backend(self, i: int, rng: np.random.Generator) -> SimBackend:
+    def _backend(self, i: int, rng: np.random.Generator) -> tuple[SimBackend, dict[str, Any] | None]:
+        """Cluster ``i``'s world: drawn from the domain with ``rng`` (and its config), else fixed."""
         if self.domain is not None:
             config = self.domain.sample(rng)
-            self.episode_config_pending = config
-            return SimBackend(**config, **self._sim_kwargs)
-        return SimBackend(**self._worlds[i], **self._sim_kwargs)
+            return SimBackend(**config, **self._sim_kwargs), config
+        return SimBackend(**self._worlds[i], **self._sim_kwargs), None
 
     def _install(self, i: int, backend: SimBackend) -> None:
         spec = backend.spec
@@ -181,8 +181,8 @@ class BatchedClusters:
         for i in rows.tolist():
             rng = self.rngs[i]
             if self.domain is not None:
-                self._install(i, self._backend(i, rng))
-                self.episode_config[i] = self.episode_config_pending
+                backend, self.episode_config[i] = self._backend(i, rng)
+                self._install(i, backend)
             self.engine.reset(i, rng)
         self.encoder.reset(rows)
         for i in rows.tolist():

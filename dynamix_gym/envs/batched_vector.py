@@ -144,4 +144,4 @@ class BatchedClusterVectorEnv(VectorEnv):
         return self.core.masks().reshape(self.num_envs, -1)
 
     def close_extras(self, **kwargs: Any) -> None:
-        self.core = self.core  # nothing held outside the process
+        """Nothing to release: the clusters live in this process's arrays."""

@@ -185,7 +185,8 @@ class ConvergenceTables:
         sg = self.stable_gain[idx]
         limited = g > sg
         if limited.any():
-            r = np.where(limited, r * (sg / np.where(limited, g, sg)) ** self.unstable_exponent[idx], r)
+            ratio = np.where(limited, sg, 1.0) / np.where(limited, g, 1.0)  # g_s / g where limited
+            r = np.where(limited, r * ratio ** self.unstable_exponent[idx], r)
         none = rule == RULE_CODES["none"]
         if none.any():
             r = np.where(none, np.minimum(scale ** self.none_exponent[idx], r_ada), r)

@@ -160,6 +160,21 @@ def test_other_workloads_and_lr_rules_match(workload):
             assert not mismatches(ref.run_interval(chosen[i], 20), batch.report(got, i))
 
 
+def test_a_calibrated_profile_world_matches():
+    """A profile's fitted models, host-side compute, interval overhead (the fidelity profile)."""
+    ref = Simulator(profile="results/fidelity/profile", scenario="mixed")
+    batch = BatchedSimulator(
+        [Simulator(profile="results/fidelity/profile", scenario="mixed")], noise="stream"
+    )
+    assert ref.compute_on_host and ref.interval_overhead_s > 0
+    ref.reset(seed=1)
+    batch.reset(0, np.random.default_rng(1))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        b = rng.integers(ref.min_batch, ref.max_batch + 1)
+        assert not mismatches(ref.run_interval(b, 20), batch.report(batch.run_interval(b[None], 20), 0))
+
+
 MUTATIONS = {
     "gradient noise scale": lambda mp: mp.setattr(batched_noise, "GRAD_GAMMA", (25.0, 0.0401)),
     "TCP segment size": lambda mp: mp.setattr(batched_mod, "TCP_MSS_BYTES", 1500),

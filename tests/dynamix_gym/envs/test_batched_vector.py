@@ -66,8 +66,22 @@ def test_mixed_worlds_in_one_batch_and_schema_2():
     _play(vec, envs, 30, "delta", seed=11, n=4)
 
 
-def test_domain_draws_new_worlds_at_reset_without_leaving_the_batch():
-    domain = dict(workers=6, scenarios=("throttle", "mixed", "loss_rejoin"), throttle_windows=2)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(throttle_windows=2),
+        # generated compute curves, learning-rate limits, compound fault worlds, several workloads
+        dict(
+            compute_sd=0.2,
+            exponent_scale=(0.8, 1.3),
+            lr_limit_probability=0.7,
+            compound_probability=0.5,
+            workloads=("cifar10", "imagenet", "ncf"),
+        ),
+    ],
+)
+def test_domain_draws_new_worlds_at_reset_without_leaving_the_batch(extra):
+    domain = dict(workers=6, scenarios=("throttle", "mixed", "loss_rejoin"), **extra)
     vec = BatchedClusterVectorEnv(3, domain=domain, noise="stream", max_decisions=8)
     envs = [RandomizedClusterEnv(domain=domain, max_decisions=8) for _ in range(3)]
     seen = set()

@@ -70,7 +70,7 @@ class BatchedPerWorkerVecEnv(VecEnv):
             spaces.Discrete(core.action_set.size),
         )
         self.action_mode = core.action_mode
-        self._seeds: list[int | None] | None = None
+        self._cluster_seeds: list[int | None] | None = None
         self.actions: np.ndarray | None = None
 
     # --- rows ---------------------------------------------------------------------------------------
@@ -96,14 +96,14 @@ class BatchedPerWorkerVecEnv(VecEnv):
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
-        self._seeds = [seed + c for c in range(self.core.num_envs)]
+        self._cluster_seeds = [seed + c for c in range(self.core.num_envs)]
         return [seed + int(c) for c in self._cluster]
 
     def reset(self):
         core = self.core
         clusters = np.arange(core.num_envs)
-        core.seed_rows(clusters, self._seeds)
-        self._seeds = None
+        core.seed_rows(clusters, self._cluster_seeds)
+        self._cluster_seeds = None
         core.start(clusters)
         for j in range(self.num_envs):
             self.reset_infos[j] = {"cluster": int(self._cluster[j]), "worker": int(self._worker[j])}
@@ -151,7 +151,7 @@ class BatchedPerWorkerVecEnv(VecEnv):
         pass
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        value = getattr(self.core, attr_name)
+        value = None if attr_name == "render_mode" else getattr(self.core, attr_name)  # nothing renders
         return [value for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:

@@ -32,14 +32,14 @@ def _torchrun(address: str, out: Path) -> dict:
 def test_drop_in_controller_uses_the_service_and_survives_its_absence(running, tmp_path):
     served = _torchrun(running.address, tmp_path / "served.json")
     assert served["decisions"] == 6 and served["counts"]["decisions"] == 6
-    assert served["counts"]["fallbacks"] == 0
+    assert served["counts"]["fallbacks"] == 0 and served["without_policy"] == 0
     logged = [r for r in read_log(running.log_path) if r["kind"] == "decision" and r["job"] == "ddp-job"]
     assert [r["seq"] for r in logged] == list(range(6))
     assert logged[0]["obs"] and len(logged[0]["action"]) == 2  # one row and one action per rank
     running.stop()
     alone = _torchrun(running.address, tmp_path / "alone.json")  # the service is gone
     assert alone["decisions"] == 6 and alone["counts"]["decisions"] == 0
-    assert alone["counts"]["fallbacks"] == 6
+    assert alone["counts"]["fallbacks"] == 6 and alone["without_policy"] == 6
     assert all(b == [32, 32] for b in alone["batches"])  # its initial batches throughout
     running.start()  # the fixture stops it again
 

@@ -17,6 +17,12 @@ service keeps its batches and warns at once. Either way the timeline flags every
 batches were kept without the policy (``without_policy``), the summary counts them
 (``decisions_without_policy``) and the closing log line says how many there were.
 
+With ``calibrate.quick=true`` the run starts with a quick step-time ladder on its own ranks (at
+most ``calibrate.max_s``, 60 s), the stored profile (``calibrate.profile``, default the bundle's
+training profile) refitted into ``<run dir>/profile_refit`` (knee included) and refused when its step
+times drift more than ``calibrate.max_drift`` (10%) from the refit, unless ``calibrate.refuse=false``
+(:mod:`experiments.deploy_calibration`).
+
 Returns the time to accuracy in seconds (``inf`` when the target was not reached).
 """
 
@@ -39,6 +45,7 @@ from dynamix_gym.controllers.base import decided_without_policy, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import plain
+from experiments.deploy_calibration import QuickCalibration, quick_calibrate, stored_profile
 from experiments.evaluate import build_specs, make_env, record_run
 
 log = logging.getLogger(__name__)
@@ -99,7 +106,9 @@ def build_controller(cfg: DictConfig) -> Any:
 
 def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
+    calibration = QuickCalibration.from_config(cfg.get("calibrate"))
     controller = build_controller(cfg)
+    stored = stored_profile(calibration, controller) if calibration.quick else None
     specs = build_specs(cfg)
     env = make_env(cfg, controller.action_mode, specs, **env_options(controller))
     backend = env.unwrapped.backend
@@ -109,6 +118,8 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         )
     wrapped = ResumableController(controller, backend)
     try:
+        if stored is not None:  # on the ranks the episode then trains with, from a fresh start
+            quick_calibrate(backend, stored, calibration, out, int(cfg.seed))
         result = run_episode(env, wrapped, int(cfg.seed), scenario=specs["scenario"].name)
         spec = backend.spec
         interval = int(env.unwrapped.interval)

@@ -55,6 +55,7 @@ REPORT_FILE = "calibration_quick.md"
 #: Bounds of the settings (a quick ladder: a longer one is ``experiments.calibrate``'s job).
 MAX_CAP_S = 600.0
 MIN_POINTS = 3  # the knee fit needs three batches
+MAX_DRIFT = 10.0  # a tolerance beyond 10x is no check: calibrate.refuse=false says so plainly
 
 
 class ProfileDriftError(RuntimeError):
@@ -81,7 +82,7 @@ class QuickCalibration:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"calibrate.{name} must be true or false, got {getattr(self, name)!r}")
         _number("max_s", self.max_s, 0.0, MAX_CAP_S, "seconds")
-        _number("max_drift", self.max_drift, 0.0, 1.0, "(a fraction: 0.10 is 10%)")
+        _number("max_drift", self.max_drift, 0.0, MAX_DRIFT, "(a fraction: 0.10 is 10%)")
         for name, low, high in (("iterations", 1, 1000), ("repeats", 1, 20), ("warmup_iterations", 1, 1000)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -290,13 +291,17 @@ def drift_message(record: dict[str, Any]) -> str:
     drift, tol = record["drift"], float(record["max_drift"])
     worst = next(r for r in drift["rows"] if r["local_batch"] == drift["worst_batch"])
     suggest = math.ceil(100 * drift["max_drift"] + 1) / 100
+    override = (
+        f"calibrate.max_drift={suggest:g} or calibrate.refuse=false"
+        if suggest <= MAX_DRIFT
+        else "calibrate.refuse=false"
+    )
     return (
         f"quick calibration: the stored profile {record['stored_profile']} predicts step times {worst['drift']:+.1%} "
         f"off this machine's now at local batch {worst['local_batch']} ({1e3 * worst['stored_s']:.2f} ms stored, "
         f"{1e3 * worst['refit_s']:.2f} ms refitted on the deploy's ranks); the largest drift allowed is "
         f"calibrate.max_drift={tol:g} ({tol:.0%}). The refitted profile is {record['refit_profile']}: train or "
-        "fine-tune the policy on it, or recalibrate (python -m experiments.calibrate); to deploy anyway set "
-        f"calibrate.max_drift={suggest:g} or calibrate.refuse=false"
+        f"fine-tune the policy on it, or recalibrate (python -m experiments.calibrate); to deploy anyway set {override}"
     )
 
 

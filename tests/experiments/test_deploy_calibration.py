@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support import ROOT
+from support import ROOT, run_python
 
 from adapters.config import RealDDPConfig
 from dynamix_gym.backends.sim_backend import SimBackend
@@ -142,8 +142,8 @@ def test_a_cap_too_short_for_three_batches_is_named(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"max_drift": 0}, r"calibrate.max_drift must lie in \(0, 1\] \(a fraction: 0.10 is 10%\), got 0"),
-        ({"max_drift": 1.5}, r"calibrate.max_drift must lie in \(0, 1\]"),
+        ({"max_drift": 0}, r"calibrate.max_drift must lie in \(0, 10\] \(a fraction: 0.10 is 10%\), got 0"),
+        ({"max_drift": float("nan")}, r"calibrate.max_drift must lie in \(0, 10\]"),
         ({"max_s": 0}, r"calibrate.max_s must lie in \(0, 600\] seconds, got 0"),
         ({"max_s": 3600}, r"calibrate.max_s must lie in \(0, 600\] seconds, got 3600"),
         ({"iterations": 0}, r"calibrate.iterations must be an integer in \[1, 1000\], got 0"),
@@ -232,3 +232,23 @@ def test_a_short_ladder_on_two_cpu_ranks_refits_and_checks_the_stored_profile(tm
     steps = [m["step_time_s"] for m in record["measured"]]
     assert all(s > 0 for s in steps) and steps[-1] > steps[0]  # a larger batch takes longer
     assert load_profile(tmp_path / REFIT_DIR).compute[KEY].exponent == 1.0
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # the deploy app: a ladder and an episode on 2 real ranks (about a minute here)
+def test_deploy_starts_with_the_quick_calibration_and_runs_when_told_to_despite_drift(tmp_path):
+    out = tmp_path / "run"
+    proc = run_python([
+        "-m", "experiments.deploy", "policy=results/fidelity/policy", "backend.emulate=null", "backend.workers=2",
+        "calibrate.quick=true", "calibrate.batches=[16,32,64,128]", "calibrate.iterations=5", "calibrate.max_s=40",
+        "calibrate.max_drift=1e-6", "calibrate.refuse=false", "calibrate.progress=false", "env.max_decisions=2",
+        f"out_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
+    ], timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(calibrate.refuse=false: deploying anyway)" in proc.stdout + proc.stderr
+    record = json.loads((out / RECORD_FILE).read_text())
+    assert (
+        record["verdict"] == "over tolerance, deployed anyway"
+        and record["stored_profile"] == "results/fidelity/profile"
+    )
+    assert (out / "summary.csv").exists() and load_profile(out / REFIT_DIR).compute[KEY].exponent == 1.0

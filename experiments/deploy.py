@@ -21,7 +21,9 @@ With ``calibrate.quick=true`` the run starts with a quick step-time ladder on it
 most ``calibrate.max_s``, 60 s), the stored profile (``calibrate.profile``, default the bundle's
 training profile) refitted into ``<run dir>/profile_refit`` (knee included) and refused when its step
 times drift more than ``calibrate.max_drift`` (10%) from the refit, unless ``calibrate.refuse=false``
-(:mod:`experiments.deploy_calibration`).
+(:mod:`experiments.deploy_calibration`). With ``finetune=true`` as well, a PPO bundle is then
+fine-tuned in the refitted simulator for a bounded time and deployed instead only if it beats the
+bundle on held-out simulated seeds of that profile (:mod:`experiments.deploy_finetune`).
 
 Returns the time to accuracy in seconds (``inf`` when the target was not reached).
 """
@@ -45,7 +47,8 @@ from dynamix_gym.controllers.base import decided_without_policy, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import plain
-from experiments.deploy_calibration import QuickCalibration, quick_calibrate, stored_profile
+from experiments.deploy_calibration import REFIT_DIR, QuickCalibration, quick_calibrate, stored_profile
+from experiments.deploy_finetune import Finetuning, check_finetune, finetune_in_refit
 from experiments.evaluate import build_specs, make_env, record_run
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,13 @@ def build_controller(cfg: DictConfig) -> Any:
 def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
     calibration = QuickCalibration.from_config(cfg.get("calibrate"))
+    finetune = cfg.get("finetune", False)
+    if not isinstance(finetune, bool):
+        raise ValueError(f"finetune must be true or false, got {finetune!r}")
+    finetuning = Finetuning.from_config(cfg.get("finetuning"))
     controller = build_controller(cfg)
+    if finetune:  # before any rank starts: what it needs
+        check_finetune(controller, calibration.quick)
     stored = stored_profile(calibration, controller) if calibration.quick else None
     specs = build_specs(cfg)
     env = make_env(cfg, controller.action_mode, specs, **env_options(controller))
@@ -116,10 +125,16 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         raise ValueError(
             f"experiments.deploy drives the real backend (backend=real), got {type(backend).__name__}"
         )
-    wrapped = ResumableController(controller, backend)
     try:
+        record = None
         if stored is not None:  # on the ranks the episode then trains with, from a fresh start
-            quick_calibrate(backend, stored, calibration, out, int(cfg.seed))
+            record = quick_calibrate(backend, stored, calibration, out, int(cfg.seed))
+        if finetune and record is not None:  # (a resumed run keeps the policy it started with)
+            refit = out / REFIT_DIR
+            controller, _ = finetune_in_refit(
+                controller, refit, specs["scenario"], int(cfg.env.interval), finetuning, out, int(cfg.seed)
+            )
+        wrapped = ResumableController(controller, backend)
         result = run_episode(env, wrapped, int(cfg.seed), scenario=specs["scenario"].name)
         spec = backend.spec
         interval = int(env.unwrapped.interval)

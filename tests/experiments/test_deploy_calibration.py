@@ -236,12 +236,13 @@ def test_a_short_ladder_on_two_cpu_ranks_refits_and_checks_the_stored_profile(tm
 
 @pytest.mark.integration
 @pytest.mark.slow  # the deploy app: a ladder and an episode on 2 real ranks (about a minute here)
-def test_deploy_starts_with_the_quick_calibration_and_runs_when_told_to_despite_drift(tmp_path):
+def test_deploy_calibrates_fine_tunes_and_runs_when_told_to_despite_drift(tmp_path):
     out = tmp_path / "run"
     proc = run_python([
         "-m", "experiments.deploy", "policy=results/fidelity/policy", "backend.emulate=null", "backend.workers=2",
         "calibrate.quick=true", "calibrate.batches=[16,32,64,128]", "calibrate.iterations=5", "calibrate.max_s=40",
         "calibrate.max_drift=1e-6", "calibrate.refuse=false", "calibrate.progress=false", "env.max_decisions=2",
+        "finetune=true", "finetuning.timesteps=1024", "finetuning.seeds=[2000,2001]", "finetuning.progress=false",
         f"out_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
     ], timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -252,3 +253,5 @@ def test_deploy_starts_with_the_quick_calibration_and_runs_when_told_to_despite_
         and record["stored_profile"] == "results/fidelity/profile"
     )
     assert (out / "summary.csv").exists() and load_profile(out / REFIT_DIR).compute[KEY].exponent == 1.0
+    finetuned = json.loads((out / "finetune.json").read_text())  # fine-tuned on the refit, then judged
+    assert finetuned["profile"].endswith(REFIT_DIR) and len(finetuned["tta_s"]["finetuned"]) == 2

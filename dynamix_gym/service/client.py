@@ -7,6 +7,8 @@
   malformed request) is permanent: the call raises :class:`ArbitratorRefused`, naming the service's
   cause, unless the job opted into running without the policy (``allow_without_policy=True``), when
   it logs an ERROR and trains on at its current batches without asking again;
+* **the end of the job** as the service sees it (``OUT_OF_RANGE``: its target or time budget was
+  reached) while the job trains on: one WARNING, and the job decides alone from then on;
 * **a loss of the service** (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``RESOURCE_EXHAUSTED``,
   ``INTERNAL``, ...) never blocks or crashes training: every call has a deadline (``timeout_s``), a
   failed call returns ``None`` (the job keeps its current batches), one WARNING is logged at the
@@ -194,6 +196,8 @@ class ArbitratorClient:
         #: the refusal the job opted to train through (``allow_without_policy``), else ``None``
         self.refused: ArbitratorRefused | None = None
         self._outage = False  # a failure was warned of and the service has not answered since
+        #: why the service ended the job (its target or time budget) while it trains on, else ``None``
+        self.ended: str | None = None
 
     @property
     def decisions_without_policy(self) -> int:
@@ -241,7 +245,7 @@ class ArbitratorClient:
         """
         if self.spec is None:
             raise RuntimeError("ArbitratorClient.decide() before register()")
-        if self.refused is not None or self.clock() < self._retry_at:
+        if self.refused is not None or self.ended is not None or self.clock() < self._retry_at:
             self.counts["fallbacks"] += 1
             return None
         if self.session is None and not self._register():
@@ -254,7 +258,7 @@ class ArbitratorClient:
             current_batch=np.asarray(current, dtype=np.int64).tolist(),
         )
         reply = self._call("Report", self._stub.Report, req)
-        lost = reply is None and self.session is None and self.refused is None
+        lost = reply is None and self.session is None and self.refused is None and self.ended is None
         if lost and self._register():  # the service lost the session: register again, resend
             req.session_id, req.seq = self.session, self.seq
             reply = self._call("Report", self._stub.Report, req)
@@ -281,6 +285,16 @@ class ArbitratorClient:
                 return None
             if code in REFUSAL_CODES:
                 self._refuse(ArbitratorRefused(self.address, self.job_id, rpc, code, details))
+                return None
+            if code == grpc.StatusCode.OUT_OF_RANGE:  # the service ended the job; it trains on alone
+                self.ended = details
+                log.warning(
+                    "arbitrator at %s: %s for job %r; it trains on at its current batches, every further "
+                    "decision counted as made without the policy",
+                    self.address,
+                    details,
+                    self.job_id,
+                )
                 return None
             self._lose(code, details)
             return None

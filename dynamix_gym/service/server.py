@@ -398,11 +398,11 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     "Report",
                     session.job_id,
                 )
-            if session.ended:
+            if session.ended:  # at its target or time budget: a job that trains on decides alone
                 return self._refuse(
                     context,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    "the job has ended",
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    "the job has ended (its target or time budget was reached)",
                     "Report",
                     session.job_id,
                 )

@@ -3,6 +3,7 @@ lost service is warned of once and counted, and the service logs every refused c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import grpc
@@ -205,3 +206,19 @@ def test_in_process_controllers_never_decide_without_their_policy():
     assert result.summary["decisions_without_policy"] == 0
     assert not any(row["without_policy"] for row in result.timeline)
     assert np.isfinite(result.summary["decision_time_ms"])
+
+
+def test_a_job_the_service_ended_trains_on_alone_and_says_so_once(running, caplog):
+    env = _env()
+    _obs, info = env.reset(seed=3)
+    client = ArbitratorClient(running.address, token=TOKEN, job_id="past-target", timeout_s=2.0)
+    client.register(env.backend.spec, env.interval)
+    done = dataclasses.replace(info["report"], val_accuracy=1.0)  # the service ends the job here
+    assert client.decide(done, env.unwrapped.batches) is not None
+    with caplog.at_level(logging.WARNING, logger="dynamix_gym.service.client"):
+        kept = [client.decide(info["report"], env.unwrapped.batches) for _ in range(3)]
+    assert kept == [None, None, None] and client.decisions_without_policy == 3
+    assert client.counts["error_out_of_range"] == 1  # asked once, then decides alone
+    warnings = _messages(caplog, "dynamix_gym.service.client", logging.WARNING)
+    assert len(warnings) == 1 and "the job has ended (its target or time budget was reached)" in warnings[0]
+    client.close()

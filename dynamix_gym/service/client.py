@@ -299,7 +299,7 @@ class ArbitratorClient:
             self._lose(code, details)
             return None
         if self._outage:
-            log.warning(
+            log.info(
                 "arbitrator at %s answers job %r again (%d decisions so far made without the policy)",
                 self.address,
                 self.job_id,

@@ -7,6 +7,7 @@ from typing import Any
 
 from adapters.data import DATASETS
 from adapters.models import MODELS, NORMS
+from sim.guards import GuardConfig
 from sim.scaling import LR_RULES
 
 DIST_BACKENDS = ("gloo", "nccl")
@@ -19,7 +20,8 @@ class RealDDPConfig:
     Batches (``min_batch``, ``max_batch``, ``initial_batch``, ``base_batch``) are in samples; a
     scalar applies to every worker. ``max_batch`` is the memory cap the env clips actions to;
     ``memory_batch`` (tests, CPU demos) makes a rank raise an out-of-memory error above that batch,
-    as a GPU would.
+    as a GPU would. ``guards`` (:class:`sim.guards.GuardConfig`) cap and ramp the learning rate the
+    ``lr_rule`` sets and watch for divergence, rolling back to the last good state when it fires.
     """
 
     workers: int = 2
@@ -53,8 +55,12 @@ class RealDDPConfig:
     checkpoint_every: int = 0  # intervals between checkpoints (0: never)
     resume: bool = False
     record_indices: bool = False  # debug/tests: workers return the sample indices they trained on
+    #: the guards (sim.guards.GuardConfig, or a mapping of its fields, or a mode name): capped and
+    #: ramped learning rate, divergence watchdog with rollback; on ("act") by default
+    guards: GuardConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "guards", GuardConfig.from_any(self.guards))
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
         for name, value, choices in (

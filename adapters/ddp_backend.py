@@ -42,7 +42,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as mp_wait
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,11 +50,15 @@ import torch.distributed as dist
 
 from adapters import checkpoint as ckpt
 from adapters.config import RealDDPConfig
+from adapters.ddp_state import BackendState
 from adapters.faults import FaultEmulator
 from adapters.hostmetrics import HostSnapshot
 from adapters.worker import worker_main
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.guards import Guard, TrainingDiverged
 from sim.protocol import BackendSpec, IntervalReport
+
+__all__ = ["DDPBackend", "TrainingDiverged", "WorkerFailure"]
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +95,6 @@ class WorkerFailure(RuntimeError):
         self.rank = rank
 
 
-class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite."""
-
-
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -107,8 +106,13 @@ def _exit_description(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class DDPBackend:
+class DDPBackend(BackendState):
     """Real synchronous data-parallel training as a :class:`dynamix_gym.Backend`.
+
+    ``guard`` (:class:`sim.guards.Guard`, from ``config.guards``) watches every interval; when it
+    fires, the ranks and the coordinator go back to the last good snapshot, the interval is run
+    again at the snapshot's batches, and the fallback holds them for the cool-down (the report's
+    ``events`` say so, and so does ``guard.events``).
 
     Args:
         config: a :class:`RealDDPConfig`; or pass its fields as keyword arguments.
@@ -158,6 +162,7 @@ class DDPBackend:
         self.resumed_interval: int | None = None
         #: scales the lr rule's learning rate (an elastic controller's learning-rate decision).
         self.lr_multiplier = 1.0
+        self.guard = Guard(cfg.guards)
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Any] = []
         self._pids: list[int] = []
@@ -190,6 +195,8 @@ class DDPBackend:
         self.faults.reset(run_seed)
         self.restored_extra = {}
         self.resumed_interval = None
+        self.guard.reset()
+        self._held_state: dict[str, Any] | None = None
         if self._resume_from is not None:
             self._restore(self._resume_from)
             self._resume_from = None  # only the first reset resumes
@@ -402,9 +409,11 @@ class DDPBackend:
             raise RuntimeError("DDPBackend.run_interval() called before reset() (or after a failure)")
         if isinstance(iterations, bool) or int(iterations) != iterations or iterations < 1:
             raise ValueError(f"iterations (K) must be an integer >= 1, got {iterations!r}")
-        k_iters = int(iterations)
+        return self.guarded_interval(self._check_batches(local_batches), int(iterations))
+
+    def _interval(self, b: np.ndarray, k_iters: int) -> IntervalReport:
+        """One interval at the checked batches ``b`` (the guards' work is around it)."""
         cfg = self.config
-        b = self._check_batches(local_batches)
         t_start = time.perf_counter()
         wall_start = self.wall_time_s()
         faults = self.faults.interval(wall_start, b, k_iters, self._last_comm_s)
@@ -417,7 +426,7 @@ class DDPBackend:
             "base_lr": cfg.base_lr,
             "base_batch": cfg.base_batch,
             "noise_scale": self.noise.noise_scale,
-            "multiplier": self.lr_multiplier,
+            "multiplier": self.lr_multiplier * self.guard.lr_scale,  # elastic controller x guards' backoff
         }
         changed = self._last_batches is not None and bool(np.any(b != self._last_batches))
         common = {
@@ -475,6 +484,12 @@ class DDPBackend:
                 f"lower base_lr (now {self.config.base_lr}) or the lr_rule's gain"
             )
         gnorm = np.stack([np.sqrt(r["local_sqr"]) for r in replies])
+        global_sqr = np.asarray(replies[0]["global_sqr"])
+        if not (np.all(np.isfinite(gnorm)) and np.all(np.isfinite(global_sqr))):
+            raise TrainingDiverged(
+                f"the gradient norm became non-finite (per rank, largest: {gnorm.max(axis=1).tolist()}) in "
+                f"interval {self._intervals}: lower base_lr (now {self.config.base_lr}) or the lr_rule's gain"
+            )
         seconds, sent, retrans = snap0.delta(snap1)
         val_acc, val_loss = replies[0]["val"]
         if not math.isfinite(val_loss):
@@ -502,7 +517,7 @@ class DDPBackend:
             gpu_mem_util=np.array([r["gpu_mem_util"] for r in replies]),
             wall_time_s=float(self.wall_time_s()),
             reconfig_time_s=float(max(r["setup_s"] for r in replies)) if changed else 0.0,
-            global_grad_sqr=float(np.mean(replies[0]["global_sqr"])),
+            global_grad_sqr=float(np.mean(global_sqr)),
             val_accuracy=float(val_acc),
             val_loss=float(val_loss),
             epoch=float(replies[0]["epoch"]),
@@ -512,49 +527,6 @@ class DDPBackend:
         report.validate()
         self.last_replies = replies
         return report
-
-    # --- checkpoints ---------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Model, optimiser, data position (rank 0) and coordinator state, committed atomically."""
-        cfg = self.config
-        if not cfg.checkpoint_dir:
-            raise ValueError("save_checkpoint() needs checkpoint_dir in the config")
-        folder = ckpt.checkpoint_path(cfg.checkpoint_dir, self._intervals)
-        self._command("checkpoint", {"path": str(folder / "worker.pt")}, deadline_s=10 * cfg.timeout_s)
-        meta = {
-            "interval": self._intervals,
-            "wall_time_s": self.wall_time_s(),
-            "samples": self._samples,
-            "batches": (
-                self._last_batches if self._last_batches is not None else self.spec.initial_batch
-            ).tolist(),
-            "good": self._good.tolist(),
-            "last_comm_s": self._last_comm_s,
-            "noise": (self.noise.grad_sqr, self.noise.trace_sigma),
-            "run_seed": self.run_seed,
-            "fault_rng": self.faults.rng.bit_generator.state,
-            "extra": {k: fn() for k, fn in self.extra_state.items()},
-        }
-        ckpt.atomic_torch_save(meta, folder / "coordinator.pt")
-        ckpt.commit(cfg.checkpoint_dir, self._intervals)
-        return folder
-
-    def _restore(self, folder: Path) -> None:
-        self._command("load", {"path": str(folder / "worker.pt")}, deadline_s=10 * self.config.timeout_s)
-        meta = ckpt.load(folder / "coordinator.pt")
-        self._intervals = int(meta["interval"])
-        self._wall_offset_s = float(meta["wall_time_s"])
-        self._samples = int(meta["samples"])
-        self._last_batches = np.asarray(meta["batches"], dtype=np.int64)
-        self._good = np.asarray(meta["good"], dtype=np.int64)
-        self._last_comm_s = float(meta["last_comm_s"])
-        self.noise.grad_sqr, self.noise.trace_sigma = meta["noise"]
-        self.run_seed = int(meta["run_seed"])
-        self.faults.reset(self.run_seed, start_s=self._wall_offset_s)
-        self.faults.rng.bit_generator.state = meta["fault_rng"]
-        self.restored_extra = dict(meta["extra"])
-        self.resumed_interval = self._intervals
-        log.info("resumed from %s (interval %d, t=%.1f s)", folder, self._intervals, self._wall_offset_s)
 
     # --- inspection (tests, diagnostics) --------------------------------------------------------------
     def parameters(self) -> list[np.ndarray]:

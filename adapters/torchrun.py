@@ -30,6 +30,7 @@ changes its batch at the same step boundary.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -43,13 +44,20 @@ import torch.distributed as dist
 
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
+from adapters.snapshot import StateSnapshot
 from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule, observed_reconfig_s
 from dynamix_gym.controllers.base import Controller, env_options
 from dynamix_gym.controllers.registry import make_controller
-from dynamix_gym.schema import SCHEMA_VERSION, make_encoder
+from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
+from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import lr_gain
+
+log = logging.getLogger(__name__)
+
+#: The guards' order to every rank at a decision (sim.guards.Guard.observe): keep, snapshot, roll back.
+_KEEP, _SNAPSHOT, _ROLLBACK = 0.0, 1.0, 2.0
 
 #: Per-rank scalars gathered at each interval boundary, after 2 K per-iteration times.
 _SCALARS = (
@@ -110,6 +118,13 @@ class DynamixController:
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the
             others run DDP untouched and only their wall time is taken. Interval means stay
             unbiased and the per-iteration cost drops n-fold.
+        guards: :class:`sim.guards.GuardConfig` (or a mapping of its fields, or a mode name; default
+            on): the ``lr_rule``'s gain capped at ``max_lr_gain`` (2), every learning-rate change
+            ramped over ``lr_ramp_iters`` iterations, and a divergence watchdog on the validation
+            quality and loss that rolls every rank back to its last good in-memory snapshot (model,
+            optimiser, the data position of :meth:`batch_sampler`, the batches and learning rate)
+            and hands the decisions to the fallback for a cool-down. State the training loop keeps
+            itself (its own learning-rate scheduler, AMP scaler) is not rolled back.
     """
 
     def __init__(
@@ -139,6 +154,7 @@ class DynamixController:
         slowdown: float = 1.0,
         stats_every: int = 8,
         seed: int = 0,
+        guards: GuardConfig | dict[str, Any] | str | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("DynamixController needs an initialised process group (run under torchrun)")
@@ -194,6 +210,11 @@ class DynamixController:
             lr_rule=lr_rule,
         )
         self.noise = NoiseScaleEstimator()
+        self.guard = Guard(guards)
+        self.ramp = LRRamp(self.guard.config.ramp_iters())
+        self.snapshot = StateSnapshot()  # every rank's last good training state (the guards')
+        self._sampler: DynamicBatchSampler | None = None
+        self.fallback: Controller | None = None
         self.policy: Controller | None = None
         self.encoder = None  # rank 0: the env's observation encoder (schema 1) for the policy
         if self.rank == 0:
@@ -216,7 +237,7 @@ class DynamixController:
             # what the policy's env would be built with: a bundle's schema, steps and split (else the
             # env's defaults: schema 1, the mode's default steps, the policy's own split)
             opts = env_options(self.policy)
-            self.encoder = make_encoder(opts.get("obs_schema", SCHEMA_VERSION), self.spec)
+            self.encoder = make_encoder(opts.get("obs_schema", DEFAULT_SCHEMA_VERSION), self.spec)
             self.actions = ActionRule.for_spec(
                 self.policy.action_mode,
                 self.spec,
@@ -225,6 +246,10 @@ class DynamixController:
                 opts.get("split_tolerance", DEFAULT_SPLIT_TOLERANCE),
             )
             self.policy.reset(self.spec, np.random.default_rng(seed))
+            if self.guard.config.acts and self.guard.config.fallback != "hold":
+                self.fallback = make_controller(self.guard.config.fallback)
+                self.fallback_actions = ActionRule.for_spec(self.fallback.action_mode, self.spec)
+                self.fallback.reset(self.spec, np.random.default_rng(seed))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
         self.local_world = local_world
@@ -256,12 +281,16 @@ class DynamixController:
         return self._loss_scale
 
     def batch_sampler(self, n: int, seed: int = 0, steps: int | None = None) -> DynamicBatchSampler:
-        """A ``DataLoader`` batch sampler that follows this controller's batches (shared permutation)."""
-        return DynamicBatchSampler(n, self.rank, lambda: self.batches, seed=seed, steps=steps)
+        """A ``DataLoader`` batch sampler that follows this controller's batches (shared permutation);
+        the guards roll its position back with the model."""
+        self._sampler = DynamicBatchSampler(n, self.rank, lambda: self.batches, seed=seed, steps=steps)
+        return self._sampler
 
     # --- per iteration --------------------------------------------------------------------------------
     def begin(self) -> None:
         """Call at the start of each iteration (before the forward pass)."""
+        if self.ramp.done < self.ramp.iters:  # a learning-rate change under way (sim.guards.LRRamp)
+            self._apply_lr(self.ramp.next())
         self._measuring = self._k % self.stats_every == 0
         if self._measuring:
             # This iteration's backward stays local (what ``DDP.no_sync`` does); the optimiser's
@@ -358,12 +387,16 @@ class DynamixController:
         self.meter.mark()
 
     def _lr_for(self, batches: np.ndarray) -> float:
-        return self.base_lr * lr_gain(
-            self.lr_rule, int(batches.sum()), self.base_batch, self.noise.noise_scale
-        )
+        gain = lr_gain(self.lr_rule, int(batches.sum()), self.base_batch, self.noise.noise_scale)
+        return self.base_lr * self.guard.config.lr_gain(gain) * self.guard.lr_scale
 
     def _set_lr(self, lr: float) -> None:
+        """The learning rate the rule asks for; the optimiser gets there over the guards' ramp."""
         self.lr = lr
+        self.ramp.set_target(lr)
+        self._apply_lr(self.ramp.current)
+
+    def _apply_lr(self, lr: float) -> None:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
 
@@ -403,7 +436,7 @@ class DynamixController:
         dist.all_gather(gathered, local)
         t_policy = time.perf_counter()
         interval_s = time.perf_counter() - self._t_interval
-        decision = torch.zeros(self.world + 2, dtype=torch.float64, device=self.comm_device)
+        decision = torch.zeros(self.world + 3, dtype=torch.float64, device=self.comm_device)
         if self.rank == 0:
             rows = torch.stack(gathered).cpu().numpy()
             report = self._report(rows, interval_s)
@@ -414,6 +447,7 @@ class DynamixController:
             action, _ = self.policy.predict(obs, info, deterministic=True)
             self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
             new, _clipped = self.actions.apply(action, self.batches, self.spec, report, self._reconfig_s)
+            new, order = self._guard_decision(report, obs, info, new)
             stop = (
                 report.val_accuracy >= self.spec.target_accuracy
                 or report.wall_time_s >= self.spec.time_budget_s
@@ -421,6 +455,7 @@ class DynamixController:
             decision[: self.world] = torch.from_numpy(new.astype(np.float64))
             decision[self.world] = self._lr_for(new)
             decision[self.world + 1] = float(stop)
+            decision[self.world + 2] = order
         t_bcast = time.perf_counter()
         dist.broadcast(decision, src=0)
         t_done = time.perf_counter()
@@ -430,6 +465,7 @@ class DynamixController:
         tm["policy"] += t_bcast - t_policy
         tm["broadcast"] += t_done - t_bcast
         d = decision.cpu().numpy()
+        self._carry_out(d[self.world + 2])
         new = d[: self.world].astype(np.int64)
         changed = bool(np.any(new != self.batches))
         self.batches = new
@@ -439,6 +475,53 @@ class DynamixController:
         self.overhead_s += time.perf_counter() - t0 - t_eval
         self._new_interval()
         return changed
+
+    # --- the guards (sim.guards) --------------------------------------------------------------------------
+    def _guard_decision(
+        self, report: IntervalReport, obs: np.ndarray, info: dict[str, Any], new: np.ndarray
+    ) -> tuple[np.ndarray, float]:
+        """Rank 0: the watchdog's verdict on this interval and the batches that follow it (the
+        policy's, or the fallback's while it holds control), with the order for every rank."""
+        guard = self.guard
+        seen = len(guard.events)
+        verdict = guard.observe(
+            self.decisions, report.wall_time_s, report.val_accuracy, report.val_loss, self.batches.tolist()
+        )
+        order = {"snapshot": _SNAPSHOT, "rollback": _ROLLBACK}.get(verdict, _KEEP)
+        if verdict == "snapshot":
+            self._snapshot_noise = (self.noise.grad_sqr, self.noise.trace_sigma)
+        elif verdict == "rollback":
+            self.noise.grad_sqr, self.noise.trace_sigma = self._snapshot_noise
+            guard.rolled_back(report.wall_time_s)
+        for event in guard.events[seen:]:
+            log.warning("%s", event.describe())
+        if verdict == "rollback" or guard.fallback_decides():
+            if self.fallback is None:  # "hold": the snapshot's batches
+                new = np.asarray(guard.held_batches, dtype=np.int64)
+            else:
+                action, _ = self.fallback.predict(obs, info, deterministic=True)
+                new, _ = self.fallback_actions.apply(
+                    action, self.batches, self.spec, report, self._reconfig_s
+                )
+        return new, order
+
+    def _carry_out(self, order: float) -> None:
+        """Every rank: keep a snapshot of its training state, or go back to it."""
+        if order == _SNAPSHOT:
+            self.snapshot.save(
+                {
+                    "model": self.model.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "sampler": self._sampler.schedule.state_dict() if self._sampler is not None else None,
+                }
+            )
+        elif order == _ROLLBACK:
+            snap = self.snapshot.load()
+            self.model.module.load_state_dict(snap["model"])
+            self.optimizer.load_state_dict(snap["optimizer"])
+            if snap["sampler"] is not None:
+                self._sampler.schedule.load_state_dict(snap["sampler"])
+            self.ramp = LRRamp(self.ramp.iters)  # the restored rate is set at once, not ramped to
 
     def _report(self, rows: np.ndarray, interval_s: float) -> IntervalReport:
         k, m = self.interval, max(self._m, 1)  # every rank measured the same m iterations
@@ -503,6 +586,7 @@ class DynamixController:
             even = np.array([base + (1 if r < extra else 0) for r in range(self.world)], dtype=np.int64)
             batches = np.clip(even, self.spec.min_batch, self.spec.max_batch)
         self.batches = batches
+        self.ramp = LRRamp(self.ramp.iters)  # a resumed run takes its learning rate at once
         self._set_lr(float(state["lr"]))
         self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
         self.decisions = int(state["decisions"])

@@ -35,6 +35,8 @@ from adapters.hooks import GradStats, grad_stats_hook
 from adapters.hostmetrics import ProcessMeter
 from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, loss_weight, rank_slice
+from adapters.snapshot import StateSnapshot
+from sim.guards import LRRamp
 from sim.scaling import lr_gain
 
 #: One all-reduce bucket for the whole gradient: compute and waiting are then measured separately
@@ -144,6 +146,12 @@ class Trainer:
             self.ddp.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
         self.schedule = GlobalBatchSchedule(self.data.train_size, seed)
+        self.ramp = LRRamp(self.cfg.guards.ramp_iters())
+        self.snapshot = StateSnapshot()
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
 
     def op_reset(self, seed: int) -> dict:
         """A fresh run (new model, optimiser and data walk) without respawning."""
@@ -199,11 +207,14 @@ class Trainer:
         oom: list[int] = []
         if probe:
             b_all, oom = self._probe(b_all, np.asarray(good, dtype=np.int64))
-        # The learning rate follows the batches actually applied (after any out-of-memory step-back).
-        gain = lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
-        lr = lr["base_lr"] * lr.get("multiplier", 1.0) * gain  # an elastic controller's multiplier
-        for g in self.opt.param_groups:
-            g["lr"] = lr
+        # The learning rate follows the batches actually applied (after any out-of-memory step-back),
+        # its gain capped by the guards and ramped to over their iterations (sim.guards).
+        gain = self.cfg.guards.lr_gain(
+            lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
+        )
+        self.ramp.set_target(lr["base_lr"] * lr.get("multiplier", 1.0) * gain)  # an elastic controller's
+        lrs = self.ramp.steps(int(iterations))
+        self._set_lr(lrs[0])
         setup_s = time.perf_counter() - t_setup
 
         k_iters = int(iterations)
@@ -228,6 +239,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.meter.mark()
         for k in range(k_iters):
+            if lrs[k] != lrs[k - 1]:  # during a ramp (k = 0 was set above)
+                self._set_lr(lrs[k])
             stats.begin(slowdown)
             t0 = stats.t_start
             idx = self.schedule.next_global(big_b)
@@ -278,7 +291,7 @@ class Trainer:
             "mem_util": mem_util,
             "gpu_mem_util": self._gpu_mem_util(),
             "epoch": self.schedule.epochs_done,
-            "lr": lr,
+            "lr": lrs[-1],
         }
         if indices is not None:
             reply["indices"] = indices
@@ -310,21 +323,37 @@ class Trainer:
     # --- checkpoints and inspection ----------------------------------------------------------------
     def op_checkpoint(self, path: str) -> dict:
         if self.rank == 0:
-            atomic_torch_save(
-                {
-                    "model": self.ddp.module.state_dict(),
-                    "optimizer": self.opt.state_dict(),
-                    "schedule": self.schedule.state_dict(),
-                },
-                path,
-            )
+            atomic_torch_save(self._state(), path)
         return {}
 
     def op_load(self, path: str) -> dict:
-        state = load(path)
+        self._load_state(load(path))
+        return {}
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.ddp.module.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "ramp": self.ramp.state_dict(),
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
         self.ddp.module.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+        if "ramp" in state:  # checkpoints written before the guards hold none
+            self.ramp.load_state_dict(state["ramp"])
+
+    def op_snapshot(self) -> dict:
+        """Keep this rank's training state in memory (the guards' last good state; replicas agree,
+        so every rank keeps its own copy and a rollback moves no data between ranks)."""
+        self.snapshot.save(self._state())
+        return {}
+
+    def op_restore(self) -> dict:
+        """Go back to the last :meth:`op_snapshot` (the guards' rollback)."""
+        self._load_state(self.snapshot.load())
         return {}
 
     def op_parameters(self) -> np.ndarray:

@@ -12,13 +12,14 @@ from gymnasium.envs.registration import register, registry
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.envs.per_worker import PerWorkerEnv
+from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, OBS_SCHEMA, SCHEMA_VERSIONS, ObservationEncoder
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import OBS_SCHEMA, SCHEMA_VERSION, ObservationEncoder
 from sim.protocol import Backend, BackendSpec, IntervalReport
 
 __all__ = [
+    "DEFAULT_SCHEMA_VERSION",
     "OBS_SCHEMA",
-    "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
     "Backend",
     "BackendSpec",
     "HeteroClusterEnv",

@@ -44,10 +44,12 @@ def timeline_row(
     report: IntervalReport,
     reward: float,
     terms: dict[str, float],
+    guard: dict[str, Any] | None = None,
     without_policy: bool = False,
 ) -> dict[str, Any]:
-    """One interval's row; ``without_policy``: the batches it ran were kept because the controller's
-    (remote) policy did not decide them."""
+    """One timeline row; ``guard`` (a guarded backend's running counts, ``info["guard"]``) adds the
+    guards' columns and the interval's events; ``without_policy``: the batches it ran were kept
+    because the controller's (remote) policy did not decide them."""
     row: dict[str, Any] = {
         "step": step,
         "wall_time_s": report.wall_time_s,
@@ -66,6 +68,9 @@ def timeline_row(
         row[f"w{i}_compute_time_s"] = float(report.compute_time_s[i])
         row[f"w{i}_idle_time_s"] = float(report.idle_time_s[i])
         row[f"w{i}_batch_accuracy"] = float(report.batch_accuracy[i])
+    if guard is not None:
+        row.update({k: v for k, v in guard.items() if k != "guard_mode"})
+        row["events"] = "; ".join(report.events)
     if report.truth is not None:
         row["true_val_accuracy"] = report.truth["val_accuracy"]
         row["true_noise_scale"] = report.truth["noise_scale"]
@@ -104,7 +109,7 @@ def run_episode(
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec
     report: IntervalReport = info["report"]
-    timeline = [timeline_row(0, report, 0.0, {})]
+    timeline = [timeline_row(0, report, 0.0, {}, info.get("guard"))]
     idle_gpu_s = float((report.idle_time_s * report.iterations).sum())
     busy_gpu_s = float((report.iteration_time_s * report.iterations).sum())
     idle_fracs = [_idle_fraction(report)]
@@ -124,7 +129,7 @@ def run_episode(
         step += 1
         report = info["report"]
         changes += int(np.any(info["local_batches"] != prev))
-        timeline.append(timeline_row(step, report, reward, info["reward_terms"], blind))
+        timeline.append(timeline_row(step, report, reward, info["reward_terms"], info.get("guard"), blind))
         idle_gpu_s += float((report.idle_time_s * report.iterations).sum())
         busy_gpu_s += float((report.iteration_time_s * report.iterations).sum())
         idle_fracs.append(_idle_fraction(report))
@@ -149,6 +154,8 @@ def run_episode(
         "backend": "sim" if report.truth is not None else "real",
         "decisions_without_policy": without_policy,
     }
+    if info.get("guard") is not None:  # a guarded backend: what its guards did (sim.guards)
+        summary.update(info["guard"])
     return EpisodeResult(timeline, summary)
 
 

@@ -327,8 +327,9 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}" if math.isfinite(x) else "—"
 
 
-def aggregate(cfg: DictConfig) -> pd.DataFrame:
-    """Reads ``cfg.sweep_dir``, writes the table, CSVs and plots into ``cfg.out``; returns the table."""
+def aggregate(cfg: DictConfig) -> tuple[pd.DataFrame, list[Path]]:
+    """Reads ``cfg.sweep_dir``, writes the table, CSVs and plots into ``cfg.out``; returns the table
+    and the plots written."""
     sweep_dir = Path(to_absolute_path(cfg.sweep_dir))
     out = Path(to_absolute_path(cfg.out))
     runs = load_runs(sweep_dir)
@@ -352,11 +353,18 @@ def aggregate(cfg: DictConfig) -> pd.DataFrame:
             scenario=cfg.get("trajectory_scenario"),
             controllers=cfg.get("trajectory_controllers"),
         )
-    log.info(
-        "wrote %s",
-        ", ".join(str(p) for p in [out / "table.md", out / "table.csv", out / "summary.csv", *written]),
-    )
-    return table
+    log.info("aggregated %d runs of %s into %s", len(runs), sweep_dir, out)
+    return table, written
+
+
+def console_summary(markdown: str, out: Path, plots: Sequence[Path]) -> str:
+    """What a person reads at the console: ``table.md`` from its title on (without the commands
+    block that opens it), then where the table, the CSVs and the plots are."""
+    start = markdown.find("\n# ")
+    lines = [markdown[start + 1 :].rstrip() if start >= 0 else markdown.rstrip(), ""]
+    lines.append(f"Table: {out / 'table.md'} (and table.csv; every run's row: summary.csv)")
+    lines += ["Plots:", *(f"  {p}" for p in plots)]
+    return "\n".join(lines)
 
 
 def default_title(runs: pd.DataFrame) -> str:
@@ -379,8 +387,9 @@ def aggregate_command(cfg: DictConfig) -> str:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="aggregate")
 def main(cfg: DictConfig) -> None:
-    table = aggregate(cfg)
-    print(table.to_string(index=False, max_cols=None), file=sys.stdout)
+    _, plots = aggregate(cfg)
+    out = Path(to_absolute_path(cfg.out))
+    print(console_summary((out / "table.md").read_text(), out, plots), file=sys.stdout)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,8 @@ def fit_traces(cfg: DictConfig, workload: Workload) -> tuple[Workload, Convergen
         "kendall_tau": {f"{o['target_metric']:.6g}": o["kendall_tau"] for o in ordering},
         "adascale_steps_rel_error": fit.iteration_rel_error,
         "noise_scale_at_epochs": fit.grad.noise_scale_at_epochs,
+        # rows whose grad_sqr is 0 (clipped estimates), left out of the noise-scale fit
+        "grad_sqr_zero_rows_left_out": [{"global_batch": b, "epoch": e} for b, e in fit.grad.left_out],
         "notes": fit.notes,
     }  # fmt: skip
     return workload, fit.params, report
@@ -172,6 +174,8 @@ def calibrate_from_table(cfg: DictConfig, out: Path) -> dict[str, Any]:
     if cfg.get("traces"):
         workload, params, conv_report = fit_traces(cfg, workload)
         convergences = [params]
+        # the traces fit's notes (e.g. the rows the noise-scale fit left out) go to the report and the log
+        notes.extend(conv_report["notes"])
     elif (workload.convergence,) not in convergence_table():
         raise ValueError(
             f"workload {workload.name}: convergence model {workload.convergence!r} is not shipped "

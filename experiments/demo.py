@@ -67,10 +67,9 @@ def demo(cfg: DictConfig) -> Path:
         ]
     )
     _run(["experiments.evaluate", "-m", f"controller={','.join(cfg.baselines)}", *grid, *sweep])
+    # prints the table and where it and the plots are
     _run(["experiments.aggregate", f"sweep_dir={sweep_dir}", f"out={out}", "title=dynamix-gym demo"])
-    table = (out / "table.md").read_text()
-    print(table[table.index("# ") :] if "# " in table else table)
-    print(f"Demo finished in {time.perf_counter() - t0:.0f} s. Table and plots: {out}")
+    print(f"Demo finished in {time.perf_counter() - t0:.0f} s.")
     return out
 
 

@@ -30,8 +30,10 @@ Returns the time to accuracy in seconds (``inf`` when the target was not reached
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from adapters.ddp_backend import DDPBackend
 from dynamix_gym.controllers.base import decided_without_policy, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
-from experiments.common import plain
+from experiments.common import atomic_write_text, plain
 from experiments.deploy_calibration import REFIT_DIR, QuickCalibration, quick_calibrate, stored_profile
 from experiments.deploy_finetune import Finetuning, check_finetune, finetune_in_refit
 from experiments.evaluate import build_specs, make_env, record_run
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 #: What ``arbitrator_kwargs`` may set (:class:`dynamix_gym.service.client.ArbitratorClient`).
 ARBITRATOR_KWARGS = (
     "token_file", "job_id", "task", "bundle", "timeout_s", "backoff_s", "max_backoff_s", "ca_file",
-    "allow_without_policy",
+    "allow_without_policy", "obs_schema",
 )  # fmt: skip
 
 
@@ -144,6 +146,18 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
             controller.close(final_report=getattr(env.unwrapped, "last_report", None))
         env.close()
     summary, tta = record_run(out, result, wrapped.inner, specs, spec, interval, step_offset=offset)
+    guard = backend.guard  # what the guards did (sim.guards): counts and every firing
+    atomic_write_text(
+        out / "guards.json",
+        json.dumps(
+            {
+                **guard.summary(),
+                "config": asdict(guard.config),
+                "events": [e.as_dict() for e in guard.events],
+            },
+            indent=2,
+        ),
+    )
     blind = int(summary["decisions_without_policy"])
     log.log(
         logging.WARNING if blind else logging.INFO,
@@ -157,6 +171,15 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         summary["decisions"],
         blind,
         "reached" if math.isfinite(tta) else "not reached",
+    )
+    log.info(
+        "guards (%s): %d firings, %d rollbacks, %.1f s lost, %d intervals decided by the fallback (%s)",
+        guard.config.mode,
+        len(guard.events),
+        guard.rollbacks,
+        summary["guard_time_lost_s"],
+        guard.fallback_intervals,
+        out / "guards.json",
     )
     return tta
 

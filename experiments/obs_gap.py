@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from dynamix_gym import OBS_SCHEMA
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.schema import split_centralised
+from dynamix_gym.obs import split_centralised
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import render, table
 from experiments.sim2real import (

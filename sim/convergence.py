@@ -47,7 +47,7 @@ import numpy as np
 from scipy.interpolate import PchipInterpolator
 
 from sim.datafiles import data_path, load_param_table
-from sim.scaling import LR_RULES, adascale_gain, lr_stability, progress_gain, statistical_efficiency
+from sim.scaling import LR_RULES, adascale_gain, lr_gain, lr_stability, progress_gain, statistical_efficiency
 from sim.validation import check_choice, check_positive, check_range
 
 CONVERGENCE_MODELS_FILE = "convergence_models.json"
@@ -156,6 +156,10 @@ class ConvergenceModel:
         self._shape_grid = np.linspace(0.0, sx[-1], _TABLE_POINTS)
         self._shape = np.clip(PchipInterpolator(sx, params.shape_y)(self._shape_grid), 0.0, 1.0)
         self._log2_ref = math.log2(params.ref_batch)
+        #: the guards' cap on the learning-rate multiplier and their back-off (sim.guards; a guarded
+        #: backend sets them): None and 1 leave the rule's rate as it is
+        self.max_gain: float | None = None
+        self.lr_scale = 1.0
 
     # --- gradient statistics -------------------------------------------------------------------
     def grad_stats(self, progress: float) -> tuple[float, float]:
@@ -177,7 +181,13 @@ class ConvergenceModel:
         b = self.noise_scale(progress)
         p = self.params
         return progress_gain(self.lr_rule, global_batch, self.base_batch, b, p.none_exponent,
-                             p.lr_stable_gain, p.lr_unstable_exponent)  # fmt: skip
+                             p.lr_stable_gain, p.lr_unstable_exponent, self.max_gain, self.lr_scale)  # fmt: skip
+
+    def lr_multiplier(self, global_batch: float, progress: float) -> float:
+        """The rule's learning rate at ``global_batch`` over the base one, capped and backed off as
+        the guards set (:attr:`max_gain`, :attr:`lr_scale`)."""
+        g = lr_gain(self.lr_rule, int(global_batch), self.base_batch, self.noise_scale(progress))
+        return (g if self.max_gain is None else min(g, self.max_gain)) * self.lr_scale
 
     def noise_scale_many(self, progress: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`noise_scale` (for fitting and analysis, not the hot path)."""
@@ -191,11 +201,14 @@ class ConvergenceModel:
         r_ada = adascale_gain(m, self.base_batch, b)
         p = self.params
         if self.lr_rule == "none":
-            return np.minimum(scale**p.none_exponent, r_ada)
+            return np.minimum(scale**p.none_exponent, r_ada) * self.lr_scale
         if self.lr_rule == "sqrt":
             r, g = np.minimum(np.sqrt(scale), r_ada), np.sqrt(scale)
         else:
             r, g = r_ada, (r_ada if self.lr_rule == "adascale" else scale)
+        if self.max_gain is not None or self.lr_scale != 1.0:  # the guards (sim.scaling.progress_gain)
+            g = (g if self.max_gain is None else np.minimum(g, self.max_gain)) * self.lr_scale
+            r = np.minimum(r, g)
         return r * lr_stability(g, p.lr_stable_gain, p.lr_unstable_exponent)
 
     # --- accuracy --------------------------------------------------------------------------------

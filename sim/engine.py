@@ -14,8 +14,9 @@ Per iteration j and live worker i (state = the faults active when iteration j st
     idle[j, i]      = T_slowest[j] - T_compute[j, i]
 
 Training progress advances by r(M, p) base-batch steps per iteration at global batch M
-(``sim.convergence``). An interval's wall time is its iterations' plus ``reconfig_delay_s`` when a
-local batch changed plus a fixed ``interval_overhead_s`` (0 unless a calibrated profile measured it).
+(``sim.convergence``); with an instability model (``sim.instability``) a rise of the learning rate
+may collapse it. An interval's wall time is its iterations' plus ``reconfig_delay_s`` when a local
+batch changed plus a fixed ``interval_overhead_s`` (0 unless a calibrated profile measured it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sim.cluster import ClusterSpec, get_cluster
 from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import ComputeParams, smooth_max
+from sim.instability import InstabilityModel, InstabilityParams
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.protocol import IntervalReport
@@ -104,6 +106,7 @@ class Simulator:
         interval_overhead_s: float | None = None,
         compute_params: Mapping[str, ComputeParams] | None = None,
         convergence_params: ConvergenceParams | None = None,
+        instability: InstabilityParams | str | Path | None = None,
     ) -> None:
         prof = load_profile(profile) if profile is not None else None
         self.profile = prof
@@ -136,6 +139,8 @@ class Simulator:
             )
         conv_params = convergence_params or models.convergence_params(wl.convergence)
         self.convergence = ConvergenceModel(conv_params, lr_rule or wl.lr_rule)
+        #: collapses at a rise of the learning rate (sim.instability; None: off); the guards ramp it
+        self.instability, self.lr_ramped = InstabilityModel.of(instability), False
 
         n = self.cluster.num_workers
         self.gpu_types = self.cluster.gpu_types
@@ -185,9 +190,7 @@ class Simulator:
         self._host_mem_per_sample = wl.sample_bytes * PREFETCH_BATCHES / (host_mem_per_worker * 2**30)
         self._rng: np.random.Generator | None = None
         self._env: simpy.Environment | None = None
-        #: multiplies training progress per iteration (a learning-rate multiplier's effect, set by
-        #: sim.elastic); 1.0 leaves the convergence model's progress as it is
-        self.progress_scale = 1.0
+        self.progress_scale = 1.0  #: on progress per iteration (an lr multiplier's effect, sim.elastic)
 
     # --- properties -------------------------------------------------------------------------------
     @property
@@ -229,6 +232,8 @@ class Simulator:
         if rng is None:
             rng = np.random.default_rng(self.seed if seed is None else seed)
         fault_rng, self._rng = rng.spawn(2)
+        if self.instability is not None:  # a stream of its own, after the others: they stay as they were
+            self.instability.reset(rng.spawn(1)[0])
         self._env = simpy.Environment()
         n = self.num_workers
         speed = np.asarray(self.scenario.worker_speed or np.ones(n), dtype=np.float64)
@@ -245,6 +250,13 @@ class Simulator:
 
     def close(self) -> None:
         self._env = None
+
+    def training_state(self) -> tuple[float, float | None]:
+        """The model's progress and batch memory: what the guards' rollback puts back (sim.guards)."""
+        return self._progress, self._batch_memory
+
+    def load_training_state(self, state: tuple[float, float | None]) -> None:
+        self._progress, self._batch_memory = state
 
     # --- elastic worker sets (sim.elastic) ----------------------------------------------------------
     def set_workers(self, held, restart_delay_s: float) -> bool:
@@ -399,6 +411,9 @@ class Simulator:
             self._batch_memory = conv.initial_batch_memory(float(b.sum()))
         t = t_start + reconfig + self.interval_overhead_s
         self._advance_events(t)
+        if self.instability is not None:  # a collapse at a rise of the learning rate
+            gb0 = int(b[st.alive].sum()) or int(b.sum())
+            self._progress *= self.instability.interval(gb0, conv, self._progress, self.lr_ramped)
 
         acc = _Sums(n)
         j = 0
@@ -450,6 +465,8 @@ class Simulator:
                 dp = advance(conv.progress_per_step, gb, self._progress, m)
                 if self.progress_scale != 1.0:
                     dp *= self.progress_scale
+                if self.instability is not None and self.instability.stuck:
+                    dp = 0.0  # collapsed, and the rate that collapsed it still stands
                 self._batch_memory = conv.update_batch_memory(self._batch_memory, gb, dp)
                 self._progress += dp
                 acc.samples += gb * m
@@ -558,19 +575,12 @@ class _Sums:
     """Running sums over the iterations of one interval."""
 
     def __init__(self, n: int) -> None:
-        self.compute = np.zeros(n)
-        self.idle = np.zeros(n)
-        self.gpu_busy = np.zeros(n)
-        self.host_busy = np.zeros(n)
-        self.cpu_load = np.zeros(n)
-        self.iters_alive = np.zeros(n)
-        self.retrans_expected = np.zeros(n)
-        self.bytes_sent = np.zeros(n)
-        self.iter_time = 0.0
-        self.comm = 0.0
-        self.stall = 0.0
-        self.samples = 0
-        self.global_batch = 0
+        self.compute, self.idle, self.gpu_busy, self.host_busy = (np.zeros(n) for _ in range(4))
+        self.cpu_load, self.iters_alive, self.retrans_expected, self.bytes_sent = (
+            np.zeros(n) for _ in range(4)
+        )
+        self.iter_time, self.comm, self.stall = 0.0, 0.0, 0.0
+        self.samples, self.global_batch = 0, 0
 
 
 @dataclass(frozen=True)

@@ -28,26 +28,21 @@ import numpy as np
 from sim.scaling import LR_RULES as _LR_RULES
 from sim.workloads import ACCURACY, QualityMetric
 
-#: Per-worker fields (arrays of shape (num_workers,)), in a stable order.
-WORKER_FIELDS: tuple[str, ...] = (
-    "local_batch",
-    "alive",
-    "iteration_time_s",
-    "compute_time_s",
-    "idle_time_s",
-    "samples_per_s",
-    "net_bytes_per_s",
-    "tcp_retransmissions",
-    "cpu_util",
-    "mem_util",
-    "gpu_util",
-    "gpu_mem_util",
-    "batch_accuracy",
-    "batch_loss",
-    "grad_norm_mean",
-    "grad_norm_var",
-    "local_grad_sqr",
-)
+#: The largest job a report may describe (workers), and the largest batch any of its fields may
+#: carry (samples): the bounds of the wire ranges below (the arbitrator's ``MAX_WORKERS``, ``MAX_BATCH``).
+MAX_WORKERS = 1024
+MAX_BATCH = 1 << 20
+
+
+def _worker(dtype: type, low: float | None = None, high: float | None = None) -> dict[str, Any]:
+    """Metadata of a per-worker field (an array of shape (num_workers,)) of ``dtype``, allowed in
+    [low, high] (``None``: no fixed range; ``local_batch``'s is the registered spec's)."""
+    return {"per_worker": True, "dtype": dtype, "range": None if low is None else (low, high)}
+
+
+def _global(dtype: type, low: float, high: float) -> dict[str, Any]:
+    """Metadata of a global field of ``dtype`` (``int`` or ``float``), allowed in [low, high]."""
+    return {"per_worker": False, "dtype": dtype, "range": (low, high)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,39 +51,68 @@ class IntervalReport:
 
     Per-worker arrays (shape ``(num_workers,)``) hold means over the interval's iterations unless
     stated otherwise. Utilisations are fractions in [0, 1].
+
+    Each measured field's metadata says whether it is per worker, its type and the range it may
+    take ([low, high]); the field lists (:data:`WORKER_FIELDS`, :data:`SCALAR_FIELDS`), the ranges
+    (:data:`FIELD_RANGES`), :meth:`validate`, the arbitrator's wire conversion and checks
+    (:mod:`dynamix_gym.service.messages`) and the wire message's test all read it from here.
+    ``events`` and ``truth`` carry none: they stay with the backend (they are not on the wire).
     """
 
     # --- per worker ---
-    local_batch: np.ndarray  # int64: the local batch each worker ran
-    alive: np.ndarray  # bool: worker took part in the interval
-    iteration_time_s: np.ndarray  # wall time per iteration seen by the worker
-    compute_time_s: np.ndarray  # input pipeline + forward + backward per iteration
-    idle_time_s: np.ndarray  # waiting for the slowest worker at the barrier, per iteration
-    samples_per_s: np.ndarray  # local samples per second of wall time
-    net_bytes_per_s: np.ndarray  # gradient traffic sent by the worker, bytes/s
-    tcp_retransmissions: np.ndarray  # TCP segments retransmitted during the interval (count)
-    cpu_util: np.ndarray
-    mem_util: np.ndarray  # host memory
-    gpu_util: np.ndarray  # fraction of wall time the device computed
-    gpu_mem_util: np.ndarray  # device memory (0 on CPU backends)
-    batch_accuracy: np.ndarray  # training-batch accuracy over the interval
-    batch_loss: np.ndarray
-    grad_norm_mean: np.ndarray  # mean of the local gradient norm |g_i| over iterations
-    grad_norm_var: np.ndarray  # variance of |g_i| over iterations
-    local_grad_sqr: np.ndarray  # mean |g_i|^2 of the local (batch b_i) gradient
+    # the local batch each worker ran
+    local_batch: np.ndarray = field(metadata=_worker(np.int64))
+    # worker took part in the interval
+    alive: np.ndarray = field(metadata=_worker(np.bool_))
+    # wall time per iteration seen by the worker
+    iteration_time_s: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e4))
+    # input pipeline + forward + backward per iteration
+    compute_time_s: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e4))
+    # waiting for the slowest worker at the barrier, per iteration
+    idle_time_s: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e4))
+    # local samples per second of wall time
+    samples_per_s: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e9))
+    # gradient traffic sent by the worker, bytes/s
+    net_bytes_per_s: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e12))
+    # TCP segments retransmitted during the interval (count)
+    tcp_retransmissions: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e9))
+    cpu_util: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1.0))
+    # host memory
+    mem_util: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1.0))
+    # fraction of wall time the device computed
+    gpu_util: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1.0))
+    # device memory (0 on CPU backends)
+    gpu_mem_util: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1.0))
+    # training-batch accuracy over the interval
+    batch_accuracy: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1.0))
+    batch_loss: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e6))
+    # mean of the local gradient norm |g_i| over iterations
+    grad_norm_mean: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e12))
+    # variance of |g_i| over iterations
+    grad_norm_var: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e24))
+    # mean |g_i|^2 of the local (batch b_i) gradient
+    local_grad_sqr: np.ndarray = field(metadata=_worker(np.float64, 0.0, 1e24))
     # --- global ---
-    iterations: int
-    interval_time_s: float  # wall time of the interval, reconfiguration included
-    wall_time_s: float  # wall clock since the run started, at the end of the interval
-    reconfig_time_s: float  # time spent applying batch changes at the start of the interval
-    comm_time_s: float  # exposed (non-overlapped) all-reduce per iteration
-    global_batch: int
-    global_grad_sqr: float  # mean |g|^2 of the all-reduced gradient (batch = global_batch)
-    val_accuracy: float
-    val_loss: float
-    samples: int  # samples processed during the interval
-    epoch: float  # epochs of the training set completed so far
-    events: tuple[str, ...] = ()  # faults or failures that started or ended during the interval
+    iterations: int = field(metadata=_global(int, 1, 1e6))
+    # wall time of the interval, reconfiguration included
+    interval_time_s: float = field(metadata=_global(float, 0.0, 1e7))
+    # wall clock since the run started, at the end of the interval
+    wall_time_s: float = field(metadata=_global(float, 0.0, 1e9))
+    # time spent applying batch changes at the start of the interval
+    reconfig_time_s: float = field(metadata=_global(float, 0.0, 1e6))
+    # exposed (non-overlapped) all-reduce per iteration
+    comm_time_s: float = field(metadata=_global(float, 0.0, 1e4))
+    global_batch: int = field(metadata=_global(int, 0, MAX_WORKERS * MAX_BATCH))
+    # mean |g|^2 of the all-reduced gradient (batch = global_batch)
+    global_grad_sqr: float = field(metadata=_global(float, 0.0, 1e24))
+    val_accuracy: float = field(metadata=_global(float, 0.0, 1.0))
+    val_loss: float = field(metadata=_global(float, 0.0, 1e6))
+    # samples processed during the interval
+    samples: int = field(metadata=_global(int, 0, 1e15))
+    # epochs of the training set completed so far
+    epoch: float = field(metadata=_global(float, 0.0, 1e6))
+    # faults or failures that started or ended during the interval
+    events: tuple[str, ...] = ()
     truth: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
@@ -189,17 +213,24 @@ class IntervalReport:
                 raise ValueError(f"IntervalReport.{name} holds non-finite values: {arr}")
             if arr.dtype != bool and np.any(arr < 0):
                 raise ValueError(f"IntervalReport.{name} holds negative values: {arr}")
-        for name in (
-            "interval_time_s",
-            "wall_time_s",
-            "comm_time_s",
-            "global_grad_sqr",
-            "val_accuracy",
-            "val_loss",
-        ):
+        for name in SCALAR_FIELDS:
             v = float(getattr(self, name))
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"IntervalReport.{name} must be finite and >= 0, got {v}")
+
+
+#: Per-worker fields (arrays of shape (num_workers,)), in the report's order.
+WORKER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(IntervalReport) if f.metadata.get("per_worker"))
+#: Global numeric fields, in the report's order.
+SCALAR_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(IntervalReport) if f.metadata.get("per_worker") is False
+)
+#: Each measured field's type: ``np.int64`` / ``np.bool_`` / ``np.float64`` per worker, ``int`` / ``float`` global.
+FIELD_DTYPES: dict[str, type] = {f.name: f.metadata["dtype"] for f in fields(IntervalReport) if f.metadata}
+#: The [low, high] each numeric field may take (``local_batch``: the registered spec's range; ``alive``: a flag).
+FIELD_RANGES: dict[str, tuple[float, float]] = {
+    f.name: f.metadata["range"] for f in fields(IntervalReport) if f.metadata.get("range") is not None
+}
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -83,17 +83,27 @@ def progress_gain(
     none_exponent: float,
     stable_gain: float | None = None,
     unstable_exponent: float = 1.0,
+    max_gain: float | None = None,
+    lr_scale: float = 1.0,
 ):
     """Base-batch steps advanced by one optimiser step under ``rule`` (scalars), times
-    :func:`lr_stability` of the rule's learning-rate multiplier."""
+    :func:`lr_stability` of the rule's learning-rate multiplier.
+
+    ``max_gain`` and ``lr_scale`` are the guards' cap on that multiplier and their back-off factor
+    (``sim.guards``): the multiplier becomes ``min(g, max_gain) * lr_scale`` and a step advances at
+    most that many base steps (a rate below the rule's is progress lost, as the sqrt rule's is);
+    under ``none`` only the back-off applies. At their defaults nothing changes."""
     scale = global_batch / base_batch
     r_ada = adascale_gain(global_batch, base_batch, noise_scale)
     if rule == "none":
-        return min(scale**none_exponent, r_ada)
+        return min(scale**none_exponent, r_ada) * lr_scale
     if rule == "sqrt":
         r, g = min(math.sqrt(scale), r_ada), math.sqrt(scale)
     else:
         r, g = r_ada, (r_ada if rule == "adascale" else scale)
+    if max_gain is not None or lr_scale != 1.0:
+        g = (g if max_gain is None else min(g, max_gain)) * lr_scale
+        r = min(r, g)
     if stable_gain is None:
         return r
     return r * lr_stability(g, stable_gain, unstable_exponent)

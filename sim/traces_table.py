@@ -8,8 +8,12 @@ convergence model fits (so a falling WER or loss is read as ``1 - value * scale`
 
 :func:`read_traces` rejects an ill-formed table with a message naming the file, the column and the
 row (and the allowed range): a missing column, a non-numeric or non-finite cell, a metric outside
-the range its scale declares, a non-positive gradient statistic, progress that does not increase
-within a run, or runs at a single global batch (the batch dependence cannot be fitted from one).
+the range its scale declares, a negative ``grad_sqr`` or a non-positive ``grad_var``, progress that
+does not increase within a run, or runs at a single global batch (the batch dependence cannot be
+fitted from one). A ``grad_sqr`` of 0 is accepted: Pollux / AdaptDL clip their squared-gradient
+estimate at 0 (and the variance estimate at 1e-6), so late epochs, where |G|^2 sinks below the
+estimate's noise, carry zeros; the noise-scale fit leaves those rows out and its report lists them
+(:func:`sim.fitting.convergence.fit_grad_stats`).
 :func:`app_spec` turns a workload's metric into what :func:`sim.fitting.convergence.fit_app` needs.
 """
 
@@ -103,10 +107,15 @@ def read_traces(path: str | Path, workload: Workload) -> list[Trace]:
         bad = np.flatnonzero((v != np.round(v)) | (v < 1))
         if bad.size:
             fail(col, int(bad[0]), "an integer >= 1")
-    for col, rule in (("progress", "> 0"), ("grad_sqr", "> 0"), ("grad_var", "> 0")):
+    for col, rule in (("progress", "> 0"), ("grad_var", "> 0")):
         bad = np.flatnonzero(values[col] <= 0)
         if bad.size:
             fail(col, int(bad[0]), rule)
+    bad = np.flatnonzero(values["grad_sqr"] < 0)
+    if bad.size:
+        fail(
+            "grad_sqr", int(bad[0]), ">= 0 (0: an estimate clipped at zero, left out of the noise-scale fit)"
+        )
     bad = np.flatnonzero(values["iteration"] < 0)
     if bad.size:
         fail("iteration", int(bad[0]), ">= 0")

@@ -45,6 +45,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=1500, help="training steps at most")
     p.add_argument("--interval", type=int, default=50, help="K: iterations per decision")
     p.add_argument("--base-batch", type=int, default=32)
+    p.add_argument("--initial-batch", type=int, default=None, help="local batch at the start (default: base)")
+    p.add_argument("--dataset", default="digits", choices=["digits", "mnist"])
+    p.add_argument(
+        "--guards",
+        default="act",
+        help="off | watch | act, or JSON of sim.guards.GuardConfig fields, e.g. '{\"max_lr_gain\": 4}'",
+    )
     p.add_argument("--lr", type=float, default=0.05, help="learning rate at the base batch")
     p.add_argument("--lr-rule", default="adascale", choices=["adascale", "linear", "sqrt", "none"])
     p.add_argument("--target", type=float, default=0.97, help="validation accuracy that ends the run")
@@ -59,7 +66,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # torchrun's env:// rendezvous
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = load_dataset("digits")
+    data = load_dataset(args.dataset)
     torch.manual_seed(0)
     model = DDP(build_model("cnn", data.input_shape, data.num_classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -80,11 +87,13 @@ def main() -> None:
         policy_kwargs=json.loads(args.policy_kwargs),
         interval=args.interval,
         base_batch=args.base_batch,
+        initial_batch=args.initial_batch,
         lr_rule=args.lr_rule,
+        guards=json.loads(args.guards) if args.guards.startswith("{") else args.guards,
         evaluate=evaluate,
         target_accuracy=args.target,
         num_classes=data.num_classes,
-        workload="cnn/digits",
+        workload=f"cnn/{args.dataset}",
         slowdown=slow[rank],
     )
     sampler = ctl.batch_sampler(len(dataset), seed=0)  # DYNAMIX: reads the batch every step
@@ -138,7 +147,8 @@ def main() -> None:
         print(
             f"done: {step} steps, {ctl.decisions} decisions, val acc {acc:.4f}, {elapsed:.1f} s, "
             f"local batches {ctl.batches.tolist()}, controller overhead {100 * ctl.overhead_s / elapsed:.2f}% "
-            f"(policy {ctl.policy.name}, {ctl.decisions_without_policy} decisions made without it)",
+            f"(policy {ctl.policy.name}, {ctl.decisions_without_policy} decisions made without it); "
+            f"guards {ctl.guard.summary()}",
             flush=True,
         )
     ctl = optimizer = model = None  # free them before destroying the group

@@ -10,12 +10,13 @@ import numpy as np
 from sim.cluster import ClusterSpec, default_cluster
 from sim.engine import Simulator, validation_sd
 from sim.faults import Scenario
+from sim.guards import Guard, GuardConfig, GuardedBackend
 from sim.profile import ClusterProfile
 from sim.protocol import BackendSpec, IntervalReport
 from sim.workloads import Workload
 
 
-class SimBackend:
+class SimBackend(GuardedBackend):
     """Wraps :class:`sim.engine.Simulator` in the backend protocol.
 
     Args:
@@ -28,8 +29,13 @@ class SimBackend:
             limited to each worker's range).
         profile: a calibrated cluster profile (path, name or ``sim.profile.ClusterProfile``;
             see :class:`Simulator`).
+        guards: the guards of the real paths, modelled (:mod:`sim.guards`; a
+            :class:`~sim.guards.GuardConfig`, its fields or a mode name): the cap and back-off of the
+            learning rate enter progress, the ramp the chance of a collapse (``instability``), and
+            the watchdog rolls the run's progress back, the clock running on. ``None`` (default):
+            none, as the shipped results were made.
         **sim_kwargs: passed to :class:`Simulator` (``reconfig_delay_s``, ``min_batch``, ``lr_rule``,
-            ``interval_overhead_s``).
+            ``interval_overhead_s``, ``instability``).
     """
 
     def __init__(
@@ -42,6 +48,7 @@ class SimBackend:
         initial_batch: int | None = None,
         time_budget_s: float | None = None,
         profile: str | Path | ClusterProfile | None = None,
+        guards: GuardConfig | dict | str | None = None,
         **sim_kwargs,
     ) -> None:
         if workers is not None and profile is not None:
@@ -54,12 +61,43 @@ class SimBackend:
         sim = self.sim
         self.spec = simulator_spec(sim, initial_batch, time_budget_s)
         self.ground_truth = SimGroundTruth(sim)
+        #: the modelled guards (sim.guards.Guard); None: none (the env then sees a plain backend)
+        self.guard = Guard(guards) if guards is not None else None
+        if self.guard is not None and self.guard.config.acts:
+            sim.convergence.max_gain = self.guard.config.max_lr_gain
+            sim.lr_ramped = self.guard.config.ramp_iters() > 0
 
     def reset(self, seed: int | None = None, *, rng: np.random.Generator | None = None) -> None:
         self.sim.reset(seed=seed, rng=rng)
+        self._intervals = 0
+        if self.guard is not None:
+            self.guard.reset()
+            self.sim.convergence.lr_scale = 1.0
 
     def run_interval(self, local_batches: np.ndarray, iterations: int) -> IntervalReport:
-        return self.sim.run_interval(local_batches, iterations)
+        if self.guard is None:
+            return self.sim.run_interval(local_batches, iterations)
+        return self.guarded_interval(np.asarray(local_batches, dtype=np.int64), iterations)
+
+    # --- the modelled guards (sim.guards.GuardedBackend) ---------------------------------------------
+    def wall_time_s(self) -> float:
+        return self.sim.now_s
+
+    def _interval(self, b: np.ndarray, k_iters: int) -> IntervalReport:
+        self.sim.convergence.lr_scale = self.guard.lr_scale  # the back-off of the rollbacks so far
+        report = self.sim.run_interval(b, k_iters)
+        self._intervals += 1
+        return report
+
+    def _take_snapshot(self) -> None:
+        inst = self.sim.instability
+        self._held = (self.sim.training_state(), inst.state_dict() if inst is not None else None)
+
+    def _restore_snapshot(self) -> None:
+        state, inst = self._held
+        self.sim.load_training_state(state)
+        if inst is not None:
+            self.sim.instability.load_state_dict(inst)
 
     def close(self) -> None:
         self.sim.close()

@@ -27,7 +27,7 @@ import numpy as np
 
 from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, check_split, step_masks
 from dynamix_gym.controllers.base import BaseController
-from dynamix_gym.schema import SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
+from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 from sim.protocol import BackendSpec
 
 BUNDLE_FORMAT = 1
@@ -47,7 +47,7 @@ class BundleMeta:
     obs_form: str  # "per_worker" or "centralised"
     action_set: list[float]  # batch deltas (delta mode) or factors (scale mode)
     num_workers: int | None = None  # centralised bundles only: the cluster size they drive
-    schema_version: str = SCHEMA_VERSION
+    schema_version: str = DEFAULT_SCHEMA_VERSION
     #: per-worker feature names of ``schema_version`` (filled from the schema when omitted)
     feature_names: list[str] | None = None
     bundle_format: int = BUNDLE_FORMAT

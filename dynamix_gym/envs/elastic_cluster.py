@@ -79,6 +79,13 @@ class ElasticClusterEnv(gym.Env):
     ``"multidiscrete"``: ``MultiDiscrete([5] * N + [5] * O + [5])``, the last entry indexing the lr
     multipliers (0.8, 0.9, 1.0, 1.1, 1.25); ``"box"``: ``Box(-1, 1, (N + O + 1,))``: batch scales,
     worker deltas ``round(2 a)``, lr ``0.8 * (1.25 / 0.8) ** ((a + 1) / 2)`` (a = 0 is 1.0).
+    The box form is what SAC and TD3 get (:data:`dynamix_gym.elastic.training.ALGO_FORM`):
+    symmetric and normalised to [-1, 1] as SB3 recommends, so both env checkers pass it without a
+    warning. The dict form keeps the multiplier in its own units, ``lr`` in [0.8, 1.25], and
+    Gymnasium's checker warns that this Box is not normalised. It stays so: SB3 cannot train on a
+    Dict action space at all (use a flat form), and a rescaled ``lr`` would silently change what
+    every dict action written for the env means (``{"lr": 1.0}``, the multiplier 1 today, would
+    lie in [-1, 1] and be read as 1.25).
     ``step`` takes the Dict form whatever the ``action_form`` (baselines emit it). A request beyond
     the GPUs free in the pool, or a release that would leave no GPU, is granted as far as it can
     be and listed in ``info["denied"]``; the pool's own API (``sim.elastic.ElasticJob.change``)

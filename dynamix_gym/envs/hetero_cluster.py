@@ -26,8 +26,8 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     split_batches,
     step_masks,
 )
+from dynamix_gym.obs import check_schema_version, get_schema, make_encoder
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 from sim.protocol import Backend, IntervalReport
 
 
@@ -68,10 +68,10 @@ class HeteroClusterEnv(gym.Env):
 
     ## Observation Space
     ``obs_schema=2`` selects the scale-free schema 2 instead: ``Box(-1, 1, (N * 14 + 15,),
-    float32)``, table in :mod:`dynamix_gym.schema_v2` (batches against the worker's range and the
+    float32)``, table in :mod:`dynamix_gym.obs.v2` (batches against the worker's range and the
     noise scale, times and throughput as trends against the run's first interval, gradient
     statistics as ratios); ``obs_schema=3`` adds the job's learning-rate regime to it
-    (``Box(-1, 1, (N * 14 + 17,), float32)``, :mod:`dynamix_gym.schema_v3`). Default, schema 1:
+    (``Box(-1, 1, (N * 14 + 17,), float32)``, :mod:`dynamix_gym.obs.v3`). Default, schema 1:
     ``Box(-1, 1, (N * 19 + 13,), float32)``: the 19 per-worker features of every worker, then the
     13 global features, each clipped to its raw range and mapped onto [-1, 1]
     (:data:`dynamix_gym.OBS_SCHEMA`; version 1):
@@ -273,6 +273,9 @@ class HeteroClusterEnv(gym.Env):
         )
         self.batches = new_batches
         report = self.backend.run_interval(new_batches, self.interval)
+        if getattr(self.backend, "guard", None) is not None:
+            # a guarded backend (sim.guards) may have run its fallback's batches instead
+            self.batches = report.local_batch.astype(np.int64)
         self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
         self._observe(report)
         self.decisions += 1
@@ -357,6 +360,8 @@ class HeteroClusterEnv(gym.Env):
             "decisions": self.decisions,
             # simulation only: the backend's noise-free models, for oracles (sim.protocol.GroundTruth)
             "ground_truth": getattr(self.backend, "ground_truth", None),
+            # a guarded backend's counts so far (sim.guards.Guard.summary); None without guards
+            "guard": guard.summary() if (guard := getattr(self.backend, "guard", None)) is not None else None,
         }
 
 

@@ -39,8 +39,8 @@ class ParallelClusterEnv(ParallelEnv):
     ## Observation Space
     Per agent ``Box(-1, 1, (Fw + Fg,), float32)``: the worker's own features, then the global
     features of the chosen observation schema (``obs_schema=1``: 19 + 13; ``obs_schema=2``,
-    scale-free: 14 + 15; ``obs_schema=3``: 14 + 17; tables in :mod:`dynamix_gym.schema`,
-    :mod:`dynamix_gym.schema_v2` and :mod:`dynamix_gym.schema_v3`).
+    scale-free: 14 + 15; ``obs_schema=3``: 14 + 17; tables in :mod:`dynamix_gym.obs.v1`,
+    :mod:`dynamix_gym.obs.v2` and :mod:`dynamix_gym.obs.v3`).
     :meth:`state` is the centralised observation (every worker's features, then the global ones;
     ``state_space``) for centralised critics.
 

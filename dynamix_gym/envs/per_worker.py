@@ -29,7 +29,7 @@ class PerWorkerEnv(gym.Env):
     ## Observation Space
     ``Box(-1, 1, (Fw + Fg,), float32)``: the worker's own features, then the global features of the
     env's observation schema (schema 1: 19 + 13 = 32, :data:`dynamix_gym.OBS_SCHEMA`; schema 2:
-    14 + 15 = 29, :data:`dynamix_gym.schema_v2.OBS_SCHEMA_V2`).
+    14 + 15 = 29, :data:`dynamix_gym.obs.OBS_SCHEMA_V2`).
 
     ## Rewards
     The cluster's reward (see :class:`HeteroClusterEnv`) on the step that completes a round of

@@ -25,7 +25,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 from dynamix_gym.envs.hetero_cluster import DISCRETE_ACTION_MODES, HeteroClusterEnv
 from dynamix_gym.learning.central_critic import critic_state_dim, with_critic_state
-from dynamix_gym.schema import get_schema
+from dynamix_gym.obs import get_schema
 
 
 class PerWorkerVecEnv(VecEnv):

@@ -41,7 +41,7 @@ import grpc
 import numpy as np
 
 from dynamix_gym.controllers.base import BaseController
-from dynamix_gym.schema import SCHEMA_VERSION
+from dynamix_gym.obs import check_schema_version
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import JOB_ID, report_to_proto, spec_to_proto
@@ -115,6 +115,10 @@ class ArbitratorClient:
         address: ``host:port`` of the service.
         token: the shared token (else ``token_file``, else ``$DYNAMIX_ARBITRATOR_TOKEN``).
         job_id: the job's name ([A-Za-z0-9._-], at most 64 characters).
+        obs_schema: the observation schema the job's policy must read (1, 2, 3): the service refuses
+            the registration (``FAILED_PRECONDITION``) if the named bundle reads another. ``None``:
+            whichever the bundle reads. The service encodes the job's reports itself; after
+            registering, :attr:`schema_version` is the schema it encodes them in.
         timeout_s: deadline of every call, in (0, 60] s.
         backoff_s, max_backoff_s: first and largest wait after a failure (doubling, jittered),
             0 < backoff_s <= max_backoff_s <= 3600 s.
@@ -135,6 +139,7 @@ class ArbitratorClient:
         job_id: str = "job",
         task: str = "",
         bundle: str = "",
+        obs_schema: int | str | None = None,
         timeout_s: float = 0.5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
@@ -160,6 +165,9 @@ class ArbitratorClient:
         self.address = address
         self.allow_without_policy = allow_without_policy
         self.job_id, self.task, self.bundle = job_id, task, bundle
+        self.obs_schema = "" if obs_schema is None else check_schema_version("obs_schema", obs_schema)
+        #: the observation schema the serving bundle reads (from the last registration's reply)
+        self.schema_version: str | None = None
         self.timeout_s = float(timeout_s)
         self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
         self.rng = rng if rng is not None else np.random.default_rng(0)
@@ -215,7 +223,7 @@ class ArbitratorClient:
         assert self.spec is not None
         req = pb.RegisterRequest(
             job_id=self.job_id,
-            schema_version=SCHEMA_VERSION,
+            schema_version=self.obs_schema,
             spec=spec_to_proto(self.spec),
             workload=self.workload,
             interval=self.interval,
@@ -228,6 +236,7 @@ class ArbitratorClient:
             return False
         self.session, self.seq = reply.session_id, int(reply.next_seq)
         self.policy_version = int(reply.policy_version)
+        self.schema_version = reply.schema_version or None
         # what the serving bundle's actions are (the service applies them; the job gets batches)
         self.action_mode = reply.action_mode or "delta"
         self.action_steps = (

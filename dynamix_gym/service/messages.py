@@ -5,18 +5,39 @@ checked field by field (finite, within the range below, one entry per registered
 they reach the encoder, the policy or the learner's log. A violation raises :class:`FieldError`,
 which names the field and the allowed range; the server turns it into ``INVALID_ARGUMENT``.
 
-Ranges (per-worker arrays; every value must be finite):
+Ranges of a report's fields (every value must be finite), generated from
+:class:`~sim.protocol.IntervalReport`'s field metadata by :func:`range_table`:
 
-    | field | allowed |
-    |---|---|
-    | local_batch | [min_batch_i, max_batch_i] of the registered spec |
-    | iteration_time_s, compute_time_s, idle_time_s | [0, 1e4] s |
-    | samples_per_s | [0, 1e9] |
-    | net_bytes_per_s | [0, 1e12] B/s |
-    | tcp_retransmissions | [0, 1e9] segments |
-    | cpu_util, mem_util, gpu_util, gpu_mem_util, batch_accuracy | [0, 1] |
-    | batch_loss | [0, 1e6] |
-    | grad_norm_mean | [0, 1e12]; grad_norm_var, local_grad_sqr: [0, 1e24] |
+| field | per worker | allowed |
+|---|---|---|
+| local_batch | yes | [min_batch_i, max_batch_i] of the registered spec |
+| alive | yes | true / false |
+| iteration_time_s | yes | [0, 10000] |
+| compute_time_s | yes | [0, 10000] |
+| idle_time_s | yes | [0, 10000] |
+| samples_per_s | yes | [0, 1e+09] |
+| net_bytes_per_s | yes | [0, 1e+12] |
+| tcp_retransmissions | yes | [0, 1e+09] |
+| cpu_util | yes | [0, 1] |
+| mem_util | yes | [0, 1] |
+| gpu_util | yes | [0, 1] |
+| gpu_mem_util | yes | [0, 1] |
+| batch_accuracy | yes | [0, 1] |
+| batch_loss | yes | [0, 1e+06] |
+| grad_norm_mean | yes | [0, 1e+12] |
+| grad_norm_var | yes | [0, 1e+24] |
+| local_grad_sqr | yes | [0, 1e+24] |
+| iterations | no | [1, 1e+06] (integer) |
+| interval_time_s | no | [0, 1e+07] |
+| wall_time_s | no | [0, 1e+09] |
+| reconfig_time_s | no | [0, 1e+06] |
+| comm_time_s | no | [0, 10000] |
+| global_batch | no | [0, 1.07374e+09] (integer) |
+| global_grad_sqr | no | [0, 1e+24] |
+| val_accuracy | no | [0, 1] |
+| val_loss | no | [0, 1e+06] |
+| samples | no | [0, 1e+15] (integer) |
+| epoch | no | [0, 1e+06] |
 """
 
 from __future__ import annotations
@@ -26,53 +47,48 @@ import re
 
 import numpy as np
 
-from dynamix_gym.schema import SCHEMA_VERSIONS
+from dynamix_gym.controllers.bundle import BundleMismatchError
+from dynamix_gym.obs import SCHEMA_VERSIONS
 from dynamix_gym.service import arbitrator_pb2 as pb
-from sim.protocol import BackendSpec, IntervalReport
+from sim.protocol import (
+    FIELD_DTYPES,
+    FIELD_RANGES,
+    MAX_BATCH,
+    MAX_WORKERS,
+    SCALAR_FIELDS,
+    WORKER_FIELDS,
+    BackendSpec,
+    IntervalReport,
+)
 from sim.scaling import LR_RULES
 
-#: The largest job a service accepts (workers); bounds every per-worker array of a message.
-MAX_WORKERS = 1024
-#: The largest batch any field may carry (samples).
-MAX_BATCH = 1 << 20
 JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
-#: Per-worker float fields and their allowed [low, high].
+#: Per-worker float fields of a report and their allowed [low, high] (from the report's metadata).
 WORKER_RANGES: dict[str, tuple[float, float]] = {
-    "iteration_time_s": (0.0, 1e4),
-    "compute_time_s": (0.0, 1e4),
-    "idle_time_s": (0.0, 1e4),
-    "samples_per_s": (0.0, 1e9),
-    "net_bytes_per_s": (0.0, 1e12),
-    "tcp_retransmissions": (0.0, 1e9),
-    "cpu_util": (0.0, 1.0),
-    "mem_util": (0.0, 1.0),
-    "gpu_util": (0.0, 1.0),
-    "gpu_mem_util": (0.0, 1.0),
-    "batch_accuracy": (0.0, 1.0),
-    "batch_loss": (0.0, 1e6),
-    "grad_norm_mean": (0.0, 1e12),
-    "grad_norm_var": (0.0, 1e24),
-    "local_grad_sqr": (0.0, 1e24),
+    name: FIELD_RANGES[name] for name in WORKER_FIELDS if FIELD_DTYPES[name] is np.float64
 }
-#: Scalar fields of a report and their allowed [low, high].
-SCALAR_RANGES: dict[str, tuple[float, float]] = {
-    "iterations": (1, 1e6),
-    "interval_time_s": (0.0, 1e7),
-    "wall_time_s": (0.0, 1e9),
-    "reconfig_time_s": (0.0, 1e6),
-    "comm_time_s": (0.0, 1e4),
-    "global_batch": (0, MAX_WORKERS * MAX_BATCH),
-    "global_grad_sqr": (0.0, 1e24),
-    "val_accuracy": (0.0, 1.0),
-    "val_loss": (0.0, 1e6),
-    "samples": (0, 1e15),
-    "epoch": (0.0, 1e6),
-}
-
+#: Global fields of a report and their allowed [low, high] (from the report's metadata).
+SCALAR_RANGES: dict[str, tuple[float, float]] = {name: FIELD_RANGES[name] for name in SCALAR_FIELDS}
+_INT_SCALARS = frozenset(name for name in SCALAR_FIELDS if FIELD_DTYPES[name] is int)
 
 _W_LOW = np.array([[lo] for lo, _ in WORKER_RANGES.values()])
 _W_HIGH = np.array([[hi] for _, hi in WORKER_RANGES.values()])
+
+
+def range_table() -> str:
+    """Markdown table of every report field on the wire and the range the service accepts."""
+    lines = ["| field | per worker | allowed |", "|---|---|---|"]
+    for name in WORKER_FIELDS + SCALAR_FIELDS:
+        if FIELD_DTYPES[name] is np.bool_:
+            allowed = "true / false"
+        elif name not in FIELD_RANGES:  # the local batch: the registered spec's range, per worker
+            allowed = "[min_batch_i, max_batch_i] of the registered spec"
+        else:
+            low, high = FIELD_RANGES[name]
+            allowed = f"[{low:g}, {high:g}]" + (" (integer)" if name in _INT_SCALARS else "")
+        lines.append(f"| {name} | {'yes' if name in WORKER_FIELDS else 'no'} | {allowed} |")
+    return "\n".join(lines)
 
 
 class FieldError(ValueError):
@@ -119,11 +135,12 @@ def check_register(req: pb.RegisterRequest) -> None:
     """Refuse a registration whose job id, schema, interval or spec is malformed."""
     if not JOB_ID.match(req.job_id):
         raise FieldError("job_id", f"must be 1-64 characters of [A-Za-z0-9._-], got {req.job_id[:80]!r}")
-    if req.schema_version not in SCHEMA_VERSIONS:
+    if req.schema_version and req.schema_version not in SCHEMA_VERSIONS:
         raise FieldError(
             "schema_version",
-            f"the service encodes observation schemas {list(SCHEMA_VERSIONS)}, the job speaks "
-            f"{req.schema_version[:16]!r}; run a client (dynamix_gym) of the service's version",
+            f"the service encodes observation schemas {list(SCHEMA_VERSIONS)} ('': the served "
+            f"bundle's own), the job asks for {req.schema_version[:16]!r}; run a client (dynamix_gym) "
+            "of the service's version",
         )
     if not 1 <= req.interval <= 100_000:
         raise FieldError("interval", f"must lie in [1, 100000] iterations, got {req.interval}")
@@ -131,6 +148,16 @@ def check_register(req: pb.RegisterRequest) -> None:
         raise FieldError("workload/task/bundle", "names are at most 64 / 128 / 64 characters")
     if req.next_seq > 1 << 40:
         raise FieldError("next_seq", f"must lie in [0, 2^40], got {req.next_seq}")
+
+
+def check_bundle_schema(requested: str, bundle: str, bundle_schema: str) -> None:
+    """Refuse (:class:`BundleMismatchError`: ``FAILED_PRECONDITION``) a job that registered for an
+    observation schema the served bundle does not read; ``""`` accepts the bundle's own."""
+    if requested and requested != bundle_schema:
+        raise BundleMismatchError(
+            f"bundle {bundle!r} reads observation schema {bundle_schema}; the job registered for "
+            f"schema {requested} (register with schema_version {bundle_schema!r}, or '' for the bundle's own)"
+        )
 
 
 def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
@@ -185,23 +212,13 @@ def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
 # Reports
 # --------------------------------------------------------------------------------------------
 def report_to_proto(report: IntervalReport) -> pb.IntervalReport:
-    msg = pb.IntervalReport(
-        local_batch=report.local_batch.tolist(),
-        alive=[bool(a) for a in report.alive.tolist()],
-        iterations=int(report.iterations),
-        interval_time_s=float(report.interval_time_s),
-        wall_time_s=float(report.wall_time_s),
-        reconfig_time_s=float(report.reconfig_time_s),
-        comm_time_s=float(report.comm_time_s),
-        global_batch=int(report.global_batch),
-        global_grad_sqr=float(report.global_grad_sqr),
-        val_accuracy=float(report.val_accuracy),
-        val_loss=float(report.val_loss),
-        samples=int(report.samples),
-        epoch=float(report.epoch),
-    )
-    for name in WORKER_RANGES:
-        getattr(msg, name).extend(np.asarray(getattr(report, name), dtype=np.float64).tolist())
+    """The wire form of ``report``: every field of the report's metadata (``events`` and ``truth``
+    stay with the backend)."""
+    msg = pb.IntervalReport()
+    for name in WORKER_FIELDS:
+        getattr(msg, name).extend(np.asarray(getattr(report, name), dtype=FIELD_DTYPES[name]).tolist())
+    for name in SCALAR_FIELDS:
+        setattr(msg, name, FIELD_DTYPES[name](getattr(report, name)))
     return msg
 
 
@@ -228,29 +245,15 @@ def report_from_proto(msg: pb.IntervalReport, spec: BackendSpec) -> IntervalRepo
             _in_range(f"report.{name}", row, low, high)
     arrays = dict(zip(WORKER_RANGES, block, strict=True))
     values = [float(getattr(msg, name)) for name in SCALAR_RANGES]
-    scalars = dict(zip(SCALAR_RANGES, values, strict=True))
     for (name, (low, high)), v in zip(SCALAR_RANGES.items(), values, strict=True):
         if not (low <= v <= high):  # False for NaN too
             _in_range(f"report.{name}", np.array([v]), low, high)
+    scalars = {
+        name: int(v) if name in _INT_SCALARS else v for name, v in zip(SCALAR_RANGES, values, strict=True)
+    }
     if scalars["interval_time_s"] <= 0.0:
         raise FieldError("report.interval_time_s", "must be > 0 s")
-    return IntervalReport(
-        local_batch=batch,
-        alive=alive,
-        **arrays,
-        iterations=int(scalars["iterations"]),
-        interval_time_s=scalars["interval_time_s"],
-        wall_time_s=scalars["wall_time_s"],
-        reconfig_time_s=scalars["reconfig_time_s"],
-        comm_time_s=scalars["comm_time_s"],
-        global_batch=int(scalars["global_batch"]),
-        global_grad_sqr=scalars["global_grad_sqr"],
-        val_accuracy=scalars["val_accuracy"],
-        val_loss=scalars["val_loss"],
-        samples=int(scalars["samples"]),
-        epoch=scalars["epoch"],
-        truth=None,
-    )
+    return IntervalReport(local_batch=batch, alive=alive, **arrays, **scalars, truth=None)
 
 
 def batches_from_proto(field: str, values, spec: BackendSpec) -> np.ndarray:

@@ -40,13 +40,14 @@ import torch
 
 from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule, observed_reconfig_s, step_masks
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
+from dynamix_gym.obs import get_schema, make_encoder, split_centralised
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import get_schema, make_encoder, split_centralised
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import (
     FieldError,
     batches_from_proto,
+    check_bundle_schema,
     check_register,
     report_from_proto,
     spec_from_proto,
@@ -292,6 +293,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"bundle {served.name!r} is a centralised policy for {meta.num_workers} workers; "
                     f"the job has {spec.num_workers}"
                 )
+            check_bundle_schema(request.schema_version, served.name, meta.schema_version)
             encoder = make_encoder(meta.schema_version, spec)
         except (FieldError, ValueError) as e:
             code = (
@@ -369,6 +371,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             next_seq=next_seq,
             action_mode=actions.mode,
             action_factors=[float(a) for a in actions.steps] if scale else [],
+            schema_version=meta.schema_version,
         )
 
     def Report(self, request: pb.ReportRequest, context) -> pb.Decision:

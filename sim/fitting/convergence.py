@@ -5,7 +5,9 @@ and the report ``results/fit/convergence_fit.*``. Three steps per measured appli
 
 1. Gradient statistics. log |G|^2 and log B_noise (B_noise = M0 * grad_var / grad_sqr) are pooled
    over the batch sizes of the AdaScale runs (progress is comparable across them), reduced to
-   per-epoch medians, smoothed by a GCV smoothing spline over log(progress) and sampled at knots;
+   per-epoch medians (rows with ``grad_sqr = 0``, an estimate clipped at zero as AdaptDL writes
+   it, are left out: their noise scale is unbounded; :attr:`GradFit.left_out` lists them),
+   smoothed by a GCV smoothing spline over log(progress) and sampled at knots;
    log B_noise is made non-decreasing by isotonic regression (the noise scale grows as training
    proceeds). log grad_var = log B_noise + log |G|^2 - log M0, so the model's ratio is exactly the
    fitted noise scale.
@@ -82,6 +84,10 @@ APP_SPECS: dict[str, AppSpec] = {
 
 
 # --- traces -------------------------------------------------------------------------------------
+#: The per-epoch (row) arrays of a :class:`Trace`.
+ROW_FIELDS = ("epoch", "progress", "iteration", "metric", "grad_sqr", "grad_var")
+
+
 @dataclass(frozen=True)
 class Trace:
     """One static-batch run: per-epoch rows of ``convergence_traces.csv``."""
@@ -137,6 +143,11 @@ def log_noise_scale(trace: Trace, base_batch: float) -> np.ndarray:
 def knot_epochs(n_epochs: int, curves: Sequence[np.ndarray], jump_factor: float = 6.0) -> np.ndarray:
     """Knot epochs: geometric and linear spacing, plus both sides of every jump of a curve.
 
+    They are 1-based positions among the ``n_epochs`` epochs the runs share (:func:`epoch_bins`;
+    the epoch numbers themselves when the runs log every epoch from 1): index the shared epochs
+    with ``knot_epochs(...) - 1``, so that runs logged every other epoch, or with epochs left out,
+    get distinct knots.
+
     A jump is a step between consecutive epochs larger than ``jump_factor`` times the curve's median
     absolute step (the learning-rate decays of step schedules); knots on both sides keep PCHIP from
     smearing it over a long interval.
@@ -157,6 +168,9 @@ def knot_epochs(n_epochs: int, curves: Sequence[np.ndarray], jump_factor: float 
 # --- 1. gradient statistics ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class GradFit:
+    """The gradient statistics' fit; ``left_out``: the (global batch, epoch) rows whose
+    ``grad_sqr`` is 0 (a clipped estimate), which the fit did not use."""
+
     progress_knots: tuple[float, ...]
     log_grad_sqr: tuple[float, ...]
     log_grad_var: tuple[float, ...]
@@ -164,6 +178,7 @@ class GradFit:
     rmse_log_noise_rows: float  # fitted curve vs every trace row (includes the batch spread)
     log_noise_bias_by_batch: dict[int, float]  # mean (trace - model) log B_noise per batch
     noise_scale_at_epochs: dict[int, float]  # fitted B_noise at a few epochs
+    left_out: tuple[tuple[int, int], ...] = ()
 
 
 def _smooth(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -173,12 +188,54 @@ def _smooth(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
     return make_smoothing_spline(x, y)(at)
 
 
+def _with_grad_sqr(traces: Sequence[Trace]) -> tuple[list[Trace], tuple[tuple[int, int], ...]]:
+    """The traces' rows with ``grad_sqr > 0`` (runs left with none dropped), and the (global batch,
+    epoch) of the rows left out: a 0 is a squared-gradient estimate clipped at zero (AdaptDL's
+    ``GradientNoiseScale.sqr_avg``), whose noise scale M0 grad_var / grad_sqr has no bound."""
+    kept, left_out = [], []
+    for t in traces:
+        ok = t.grad_sqr > 0
+        left_out += [(t.global_batch, int(e)) for e in t.epoch[~ok]]
+        if ok.all():
+            kept.append(t)
+        elif ok.any():
+            kept.append(replace(t, **{k: getattr(t, k)[ok] for k in ROW_FIELDS}))
+    return kept, tuple(left_out)
+
+
+def _check_grad_rows(traces: Sequence[Trace], kept: Sequence[Trace], left_out: tuple) -> None:
+    """Refuse, naming the cause, traces whose usable gradient statistics cannot be fitted."""
+    batches = [t.global_batch for t in traces]
+    dropped = (
+        f" after leaving out the {len(left_out)} row(s) with grad_sqr = 0 (clipped estimates)"
+        if left_out
+        else ""
+    )
+    if not kept:
+        raise ValueError(
+            f"grad_sqr: every row of the runs at global batches {batches} is 0 (clipped estimates); "
+            "the noise scale M0 grad_var / grad_sqr cannot be fitted without a positive one"
+        )
+    common = set(kept[0].epoch.tolist())
+    for t in kept[1:]:
+        common &= set(t.epoch.tolist())
+    if len(common) < 2:
+        raise ValueError(
+            f"grad_sqr: the runs at global batches {[t.global_batch for t in kept]} share "
+            f"{len(common)} epoch(s) with grad_sqr > 0{dropped}; the noise-scale fit takes per-epoch "
+            "medians over the runs and needs at least 2 epochs that every run measured"
+        )
+
+
 def fit_grad_stats(traces: Sequence[Trace], base_batch: int) -> GradFit:
+    all_traces = traces
+    traces, left_out = _with_grad_sqr(all_traces)
+    _check_grad_rows(all_traces, traces, left_out)
     epochs, prog = epoch_bins(traces)
     med_lb = binned_median(traces, lambda t: log_noise_scale(t, base_batch))
     med_lg = binned_median(traces, lambda t: np.log(t.grad_sqr))
     ks = knot_epochs(len(epochs), [med_lb, med_lg])
-    kidx = np.searchsorted(epochs, ks)
+    kidx = ks - 1
     xk = np.log(prog[kidx])
     lb = _smooth(np.log(prog), med_lb, xk)
     lb = optimize.isotonic_regression(lb, increasing=True).x
@@ -203,6 +260,7 @@ def fit_grad_stats(traces: Sequence[Trace], base_batch: int) -> GradFit:
         rmse_log_noise_rows=float(np.sqrt(np.mean(res_all**2))),
         log_noise_bias_by_batch=bias,
         noise_scale_at_epochs=b_at,
+        left_out=left_out,
     )
 
 
@@ -245,7 +303,7 @@ def fit_accuracy(traces: Sequence[Trace], acc_chance: float, ref_batch: float) -
     epochs, prog = epoch_bins(traces)
     med_acc = binned_median(traces, lambda t: t.metric)
     ks = knot_epochs(len(epochs), [med_acc])
-    sx = np.concatenate([[0.0], prog[np.searchsorted(epochs, ks)]])
+    sx = np.concatenate([[0.0], prog[ks - 1]])
     p_all = np.concatenate([t.progress for t in traces])
     m_all = np.concatenate([np.full(len(t.progress), math.log2(t.global_batch)) for t in traces])
     y_all = np.concatenate([t.metric for t in traces])
@@ -428,15 +486,30 @@ def fit_app(app: str, traces: Sequence[Trace], memory_fraction: float, spec: App
             f"only {len(epoch_bins(traces)[0])} epochs per run: the shape has one knot per epoch "
             "and the gradient statistics are the per-epoch medians, unsmoothed below 5 epochs"
         )
+    if grad.left_out:
+        notes.append(
+            f"{len(grad.left_out)} row(s) with grad_sqr = 0 (a squared-gradient estimate clipped at zero) "
+            f"left out of the noise-scale fit (global batch: epochs): {_rows_text(grad.left_out)}"
+        )
     return AppFit(params, grad, rmse, ordering(model, traces, spec.targets),
                   iteration_error(model, traces), notes)  # fmt: skip
 
 
+def _rows_text(rows: Sequence[tuple[int, int]]) -> str:
+    by_batch: dict[int, list[int]] = {}
+    for batch, epoch in rows:
+        by_batch.setdefault(batch, []).append(epoch)
+    return "; ".join(f"{b}: {', '.join(str(e) for e in es)}" for b, es in sorted(by_batch.items()))
+
+
 def summary(fit: AppFit) -> dict:
     """JSON-ready diagnostics of one application fit."""
+    grad = {k: v for k, v in asdict(fit.grad).items() if not k.startswith(("progress_", "log_grad"))}
+    if not grad["left_out"]:
+        del grad["left_out"]  # the shipped traces have none: their report keeps its keys
     return {
         "app": fit.params.name,
-        "grad": {k: v for k, v in asdict(fit.grad).items() if not k.startswith(("progress_", "log_grad"))},
+        "grad": grad,
         "accuracy_rmse": fit.rmse,
         "ordering": fit.ordering,
         "adascale_steps_rel_error": fit.iteration_rel_error,

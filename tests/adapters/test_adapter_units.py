@@ -7,6 +7,7 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
+from support import ROOT
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.faults import FaultEmulator
@@ -181,3 +182,14 @@ def test_reports_from_rank_timings_derive_idle_comm_and_zero_dead_ranks():
     assert np.allclose(report.samples_per_s, [80.0, 160.0, 0.0])
     assert np.allclose(report.batch_accuracy, [0.5, 0.5, 0.0]) and report.batch_loss[1] == 0.1
     assert report.grad_norm_mean[2] == report.local_grad_sqr[2] == 0.0 and report.truth is None
+
+
+def test_the_real_backend_config_lists_the_guards_defaults():
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from sim.guards import GuardConfig
+
+    listed = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "backend" / "real.yaml"))["guards"]
+    assert listed == asdict(GuardConfig())

@@ -20,7 +20,7 @@ from support import ROOT, run_app
 from dynamix_gym.controllers.base import Controller
 from dynamix_gym.evaluation import SUMMARY_COLUMNS
 from dynamix_gym.reward import RewardConfig
-from experiments.aggregate import best_static, load_runs, summarise, t_interval, to_markdown
+from experiments.aggregate import best_static, console_summary, load_runs, summarise, t_interval, to_markdown
 from experiments.evaluate import COLUMNS, append_csv_row, build_specs, controller_label, evaluate, make_env
 from sim.cluster import CLUSTERS
 from sim.faults import SCENARIOS, FaultWindow
@@ -372,6 +372,19 @@ def test_summarise_means_intervals_and_ratios():
     assert md.startswith("```bash\npython -m x\n```\n\n# T")
     assert "| throttle | dlb | 8.0 ± 2.5 | 3/4 † | 0.9225 | 25.0% | 0.200 | 1.5 | 1.000 | 0.89 | 1.33 |" in md
     assert "| throttle | static-128 (best static) | 9.0 ± 2.5 | 3/3 |" in md
+
+
+def test_the_console_shows_the_table_and_the_plots_paths_only(tmp_path):
+    """What `make demo` and `experiments.aggregate` print: the table from its title on, then where
+    the files are; not the commands block, not the wide data frame behind the table."""
+    md = to_markdown(summarise(synthetic_runs()), ["python -m x"], "T")
+    plots = [tmp_path / "accuracy_vs_time.png", tmp_path / "batch_trajectories.png"]
+    text = console_summary(md, tmp_path, plots)
+    assert text.startswith("# T\n") and "```" not in text and "python -m x" not in text
+    assert "| throttle | static-128 (best static) | 9.0 ± 2.5 | 3/3 |" in text
+    assert not any(col in text for col in ("tta_min_ci95", "reach_fraction", "tta_vs_oracle"))
+    assert text.endswith(f"Plots:\n  {plots[0]}\n  {plots[1]}")
+    assert f"Table: {tmp_path / 'table.md'}" in text
 
 
 def test_load_runs_counts_a_repeated_run_once(tmp_path):

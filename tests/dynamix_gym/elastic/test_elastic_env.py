@@ -3,6 +3,8 @@ engine's behaviour unchanged while every worker is held."""
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from dynamix_gym.elastic.pools import get_pool
+from dynamix_gym.elastic.training import ALGO_FORM
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
 from sim.engine import Simulator
 from sim.specs_io import spec_to_dict
@@ -23,10 +26,41 @@ KEEP = {"workers": np.full(4, 2), "lr": np.array([1.0], np.float32)}
 @pytest.mark.parametrize("form", ["dict", "multidiscrete", "box"])
 def test_gymnasium_and_sb3_checkers_pass(form):
     env = gym.make("dynamix/ElasticCluster-v0", action_form=form, max_decisions=4)
-    check_env(env.unwrapped, skip_render_check=True)
+    if form == "dict":  # its lr is the multiplier itself, by design (the env's Action Space section)
+        with pytest.warns(UserWarning, match="symmetric and normalized space"):
+            check_env(env.unwrapped, skip_render_check=True)
+    else:
+        check_env(env.unwrapped, skip_render_check=True)
     if form != "dict":  # SB3 takes the flat forms
         sb3_check_env(ElasticClusterEnv(action_form=form, max_decisions=4), warn=False)
     env.close()
+
+
+@pytest.mark.parametrize("form", sorted(set(ALGO_FORM.values())))
+def test_the_forms_sb3_learners_get_pass_both_checkers_without_an_action_space_warning(form):
+    """SAC / TD3's box and PPO's multidiscrete form: no warning about the action space (the box's
+    learning-rate part is normalised to [-1, 1], as SB3 recommends)."""
+    env = ElasticClusterEnv(action_form=form, max_decisions=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=True)
+        sb3_check_env(ElasticClusterEnv(action_form=form, max_decisions=4), warn=True)
+    about_actions = [str(w.message) for w in caught if "action" in str(w.message).lower()]
+    assert about_actions == []
+    if form == "box":
+        assert (env.action_space.low == -1).all() and (env.action_space.high == 1).all()
+
+
+def test_the_box_lr_maps_onto_the_multiplier_range_and_the_dict_lr_is_the_multiplier():
+    env = ElasticClusterEnv(action_form="box", batch_action="none", max_decisions=4)
+    for a, lr in ((-1.0, 0.8), (0.0, 1.0), (1.0, 1.25)):
+        action = np.zeros(env.action_space.shape, np.float32)
+        action[-1] = a
+        assert env.to_dict_action(action)["lr"] == pytest.approx(lr)
+    env = ElasticClusterEnv(max_decisions=4)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step({**KEEP, "batch": np.full(env.num_workers, 2)})
+    assert info["lr_multiplier"] == 1.0  # the dict form's lr in its own units: not a normalised 1.25
 
 
 def test_same_seed_same_rollout():

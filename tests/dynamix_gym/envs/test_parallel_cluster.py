@@ -13,7 +13,7 @@ from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 from dynamix_gym import HeteroClusterEnv
 from dynamix_gym.envs.parallel_cluster import ParallelClusterEnv, parallel_env
-from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
+from dynamix_gym.obs import OBS_SCHEMA_V2
 
 
 @pytest.mark.parametrize(

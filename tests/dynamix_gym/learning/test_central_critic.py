@@ -13,7 +13,7 @@ from dynamix_gym.controllers.bundle import BundleMismatchError, PPOController, l
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.learning.central_critic import critic_state_dim, with_critic_state
 from dynamix_gym.learning.training import check_train_config, train
-from dynamix_gym.schema_v3 import OBS_SCHEMA_V3
+from dynamix_gym.obs import OBS_SCHEMA_V3
 
 SCALE = dict(algorithm="maskable_ppo", action_mode="scale", checkpoint_every=10**9)
 

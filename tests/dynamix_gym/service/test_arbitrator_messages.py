@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 
 import numpy as np
@@ -10,15 +11,20 @@ import pytest
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.service import arbitrator_pb2 as pb
+from dynamix_gym.service import messages
 from dynamix_gym.service.messages import (
     FieldError,
     check_register,
+    range_table,
     report_from_proto,
     report_to_proto,
     spec_from_proto,
     spec_to_proto,
 )
-from sim.protocol import WORKER_FIELDS
+from sim.protocol import FIELD_DTYPES, SCALAR_FIELDS, WORKER_FIELDS, IntervalReport
+
+#: The report's fields that stay with the backend: what the wire leaves out, and nothing else.
+OFF_THE_WIRE = {"events", "truth"}
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +61,44 @@ def test_spec_round_trip(reports):
     assert back.time_budget_s == spec.time_budget_s
 
 
-def test_simulated_reports_pass_and_round_trip(reports):
+def test_simulated_reports_pass_and_round_trip_whole(reports):
+    """Every report comes back equal, field for field (``reconfig_time_s``, which the cost-aware
+    split reads, included), except what stays with the backend by design."""
     spec, rs = reports
     for r in rs:
         back = report_from_proto(pb.IntervalReport.FromString(report_to_proto(r).SerializeToString()), spec)
-        for name in WORKER_FIELDS:
-            np.testing.assert_array_equal(getattr(back, name), getattr(r, name), err_msg=name)
-        for name in (
-            "iterations",
-            "interval_time_s",
-            "wall_time_s",
-            "global_batch",
-            "val_accuracy",
-            "samples",
-        ):
-            assert getattr(back, name) == getattr(r, name)
+        assert back == dataclasses.replace(r, events=(), truth=None)
+    # A field left at the wire's default (0) in every report would hide a dropped field: none is.
+    on_wire = [f.name for f in dataclasses.fields(IntervalReport) if f.name not in OFF_THE_WIRE]
+    always_zero = [name for name in on_wire if not any(np.any(getattr(r, name)) for r in rs)]
+    assert always_zero == [], f"the test reports never set {always_zero}: a dropped field would pass"
+
+
+def test_the_wire_message_is_the_reports_metadata():
+    """pb.IntervalReport holds exactly the report's fields (per-worker ones repeated) of their types."""
+    proto_type = {np.int64: "TYPE_INT64", int: "TYPE_INT64", np.bool_: "TYPE_BOOL"}
+    wire = pb.IntervalReport.DESCRIPTOR.fields
+    names = [f.name for f in dataclasses.fields(IntervalReport)]
+    assert [f.name for f in wire] == [n for n in names if n not in OFF_THE_WIRE]
+    assert list(WORKER_FIELDS + SCALAR_FIELDS) == [f.name for f in wire]
+    for f in wire:
+        assert f.is_repeated == (f.name in WORKER_FIELDS), f.name
+        want = proto_type.get(FIELD_DTYPES[f.name], "TYPE_DOUBLE")
+        assert f.type == getattr(f, want), f"{f.name}: wire type {f.type}, the report's {want}"
+
+
+def test_the_docstring_range_table_is_generated():
+    assert range_table() in inspect.cleandoc(messages.__doc__)
+    assert "| reconfig_time_s | no | [0, 1e+06] |" in range_table()
+
+
+def test_a_dropped_field_fails_the_round_trip(reports):
+    """The whole-report comparison notices a field the wire lost."""
+    spec, rs = reports
+    msg = report_to_proto(rs[-1])
+    msg.ClearField("reconfig_time_s")
+    back = report_from_proto(msg, spec)
+    assert rs[-1].reconfig_time_s > 0 and back != dataclasses.replace(rs[-1], events=(), truth=None)
 
 
 @pytest.mark.parametrize(
@@ -112,9 +141,11 @@ def test_registration_checks(reports):
     check_register(ok)
     bad = pb.RegisterRequest()
     bad.CopyFrom(ok)
+    bad.schema_version = ""  # no schema named: the served bundle's own
+    check_register(bad)
     bad.schema_version = "0"
     with pytest.raises(
-        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\]"
+        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\] \\(''"
     ):
         check_register(bad)
     bad.CopyFrom(ok)

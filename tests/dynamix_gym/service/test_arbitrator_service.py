@@ -216,3 +216,18 @@ def test_a_restarted_service_never_reissues_a_session_id_of_the_killed_one(bundl
     running.stop()
     assert got is not None and got.shape == (4,) and old.session != held
     assert old.counts["registers"] == 2
+
+
+def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(running):
+    """The headline bundle reads schema 1: a job that names it registers, one that needs schema 3
+    is refused by name, and one that names none learns the bundle's schema from the reply."""
+    spec = _env(JOBS[0], "absolute").backend.spec
+    named = ArbitratorClient(running.address, token=TOKEN, job_id="s1", obs_schema=1, timeout_s=2.0)
+    assert named.register(spec, 50) and named.schema_version == "1"
+    unnamed = ArbitratorClient(running.address, token=TOKEN, job_id="s0", timeout_s=2.0)
+    assert unnamed.register(spec, 50) and unnamed.schema_version == "1"
+    other = ArbitratorClient(running.address, token=TOKEN, job_id="s3", obs_schema="3", timeout_s=2.0)
+    assert not other.register(spec, 50) and other.schema_version is None
+    assert other.last_error.startswith("FAILED_PRECONDITION: bundle 'default' reads observation schema 1")
+    with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
+        ArbitratorClient(running.address, token=TOKEN, obs_schema=4)

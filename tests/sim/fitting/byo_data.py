@@ -90,3 +90,29 @@ def write_inputs(root: Path) -> dict[str, Path]:
     traces_table().to_csv(paths["traces"], index=False)
     paths["workload"].write_text(WORKLOAD_YAML)
     return paths
+
+
+#: Epochs of the clipped traces: long enough for |G|^2 to sink below its estimate's noise.
+CLIPPED_EPOCHS = 30
+
+
+def clipped_traces_table(seed: int = 11) -> pd.DataFrame:
+    """The traces as a Pollux / AdaptDL-style measurement writes them: AdaptDL's squared-gradient
+    estimate is a difference of two noisy norms, reported as ``max(estimate, 0)`` (its variance
+    estimate as ``max(estimate, 1e-6)``), so once |G|^2 sinks below the estimate's noise late in
+    training, scattered late epochs carry ``grad_sqr = 0``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for m in BATCHES:
+        for e in range(1, CLIPPED_EPOCHS + 1):
+            p = e * PROGRESS_PER_EPOCH
+            g2 = 10.0 * math.exp(-p / 2000.0)
+            var = g2 * float(noise_scale(np.array([p]))[0]) / M0
+            sqr_est = g2 + 0.02 * rng.standard_normal()  # the estimate's noise: 0.02
+            wer = 100.0 * (1.0 - float(quality(np.array([p]), m)[0])) + 0.2 * rng.standard_normal()
+            rows.append({
+                "app": "asr_byo", "model": "generated", "global_batch": m, "epoch": e, "progress": p,
+                "iteration": round(p * M0 / m), "metric": round(wer, 3),
+                "grad_sqr": max(sqr_est, 0.0), "grad_var": max(var, 1e-6),
+            })  # fmt: skip
+    return pd.DataFrame(rows)

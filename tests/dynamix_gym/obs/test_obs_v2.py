@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from support import HEADLINE_BUNDLE
-from test_encoding_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
+from test_obs_v1_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
 from dynamix_gym.controllers.bundle import (
@@ -27,8 +27,7 @@ from dynamix_gym.controllers.bundle import (
 )
 from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.schema import OBS_SCHEMA, get_schema, make_encoder
-from dynamix_gym.schema_v2 import OBS_SCHEMA_V2, ScaleFreeEncoder
+from dynamix_gym.obs import OBS_SCHEMA, OBS_SCHEMA_V2, ScaleFreeEncoder, get_schema, make_encoder
 from dynamix_gym.stats import MAX_NOISE_SCALE
 from sim.cluster import homogeneous_cluster
 from sim.protocol import IntervalReport

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from dynamix_gym import OBS_SCHEMA, HeteroClusterEnv
+from dynamix_gym.obs import ObservationEncoder
 from dynamix_gym.reward import RewardConfig, compute_reward
-from dynamix_gym.schema import ObservationEncoder
 from dynamix_gym.stats import MAX_NOISE_SCALE, NoiseScaleEstimator, two_batch_estimates
 
 W_FEATURES, G_FEATURES = OBS_SCHEMA.worker_features, OBS_SCHEMA.global_features

@@ -1,4 +1,4 @@
-"""The observation tables people read (README.md, the env's and schema 2's docstrings) are the
+"""The observation tables people read (README.md, the env's docstring, each schema module's) are the
 schemas' own (:meth:`ObservationSchema.as_table`), not hand-kept copies."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import dynamix_gym.schema_v2 as schema_v2
+import pytest
+
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.schema import OBS_SCHEMA
-from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
+from dynamix_gym.obs import ENCODERS, OBS_SCHEMA, v1, v2, v3
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 HEADER = "| index | name | unit | raw range | description |"
@@ -36,5 +36,11 @@ def test_env_docstring_table_is_the_schema_1_centralised_table():
     assert _tables(HeteroClusterEnv.__doc__) == [OBS_SCHEMA.as_table(centralised=True)]
 
 
-def test_schema_2_docstring_table_is_its_per_worker_table():
-    assert _tables(schema_v2.__doc__) == [OBS_SCHEMA_V2.as_table()]
+@pytest.mark.parametrize("module", [v1, v2, v3], ids=lambda m: m.__name__)
+def test_each_schema_module_docstring_table_is_its_per_worker_table(module):
+    (encoder,) = [cls for cls in ENCODERS.values() if cls.__module__ == module.__name__]
+    assert _tables(module.__doc__) == [encoder.schema.as_table()]
+
+
+def test_every_registered_schema_has_a_module_with_its_table():
+    assert sorted(cls.__module__ for cls in ENCODERS.values()) == [m.__name__ for m in (v1, v2, v3)]

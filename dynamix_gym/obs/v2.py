@@ -1,7 +1,7 @@
 """Observation schema 2: scale-free features, so that different workloads look alike where their
 decisions are alike.
 
-Schema 1 (:mod:`dynamix_gym.schema`) reads absolute quantities: log10 seconds, log2 samples,
+Schema 1 (:mod:`dynamix_gym.obs.v1`) reads absolute quantities: log10 seconds, log2 samples,
 log10 gradient norms, MB/s. A policy trained on CIFAR-10 therefore sees BERT (batch 4..36,
 seconds-long iterations, gradient norms of 1e8) or NCF (batch 16..32768, millisecond compute) as
 out-of-distribution inputs. Schema 2 expresses every feature against a scale the job itself
@@ -68,7 +68,7 @@ from collections import deque
 
 import numpy as np
 
-from dynamix_gym.schema import EncoderBase, Feature, ObservationSchema
+from dynamix_gym.obs.base import EncoderBase, Feature, ObservationSchema
 from dynamix_gym.stats import MAX_NOISE_SCALE
 from sim.network import TCP_MSS_BYTES
 from sim.protocol import BackendSpec, IntervalReport
@@ -191,7 +191,7 @@ _PROGRESS_SPAN_FLOOR = 0.01  # a first quality within 1 % of the target still gi
 
 class ScaleFreeEncoder(EncoderBase):
     """Observation schema 2 (:data:`OBS_SCHEMA_V2`) from interval reports; keeps the run's first
-    values and a short history. Same interface as :class:`dynamix_gym.schema.ObservationEncoder`.
+    values and a short history. Same interface as :class:`dynamix_gym.obs.v1.ObservationEncoder`.
 
     Args:
         spec: the backend's spec (limits, target, budget).

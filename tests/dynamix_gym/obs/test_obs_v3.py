@@ -14,9 +14,7 @@ from dynamix_gym import HeteroClusterEnv
 from dynamix_gym.controllers.bundle import BundleMeta, BundleMismatchError, PPOController, save_bundle
 from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.schema import get_schema, make_encoder
-from dynamix_gym.schema_v2 import OBS_SCHEMA_V2
-from dynamix_gym.schema_v3 import OBS_SCHEMA_V3, RegimeAwareEncoder
+from dynamix_gym.obs import OBS_SCHEMA_V2, OBS_SCHEMA_V3, RegimeAwareEncoder, get_schema, make_encoder
 
 
 def _scaled(value: float, low: float, high: float) -> float:

@@ -227,7 +227,11 @@ def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(r
     unnamed = ArbitratorClient(running.address, token=TOKEN, job_id="s0", timeout_s=2.0)
     assert unnamed.register(spec, 50) and unnamed.schema_version == "1"
     other = ArbitratorClient(running.address, token=TOKEN, job_id="s3", obs_schema="3", timeout_s=2.0)
-    assert not other.register(spec, 50) and other.schema_version is None
+    with pytest.raises(
+        ArbitratorRefused, match="FAILED_PRECONDITION: bundle 'default' reads observation schema 1"
+    ):
+        other.register(spec, 50)  # a refusal: the job fails naming it
+    assert other.schema_version is None
     assert other.last_error.startswith("FAILED_PRECONDITION: bundle 'default' reads observation schema 1")
     with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
         ArbitratorClient(running.address, token=TOKEN, obs_schema=4)

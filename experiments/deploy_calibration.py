@@ -139,15 +139,23 @@ def stored_profile(settings: QuickCalibration, controller: Any) -> ClusterProfil
 
 
 @contextmanager
-def checkpoints_paused(backend: Any) -> Iterator[None]:
-    """No checkpoint of the ladder's intervals: a crash before the run's first checkpoint must not
-    resume from a measurement (the coordinator decides when to save; the ranks never do alone)."""
-    config = backend.config
+def measuring(backend: Any) -> Iterator[None]:
+    """The ladder is a measurement, not training: no checkpoint of its intervals (a crash before
+    the run's first checkpoint must not resume from one; the coordinator decides when to save, the
+    ranks never do alone) and no guards (a rollback or a snapshot inside a ladder point is time
+    that is not the step's; :mod:`sim.guards`). Both come back for the run."""
+    from sim.guards import Guard
+
+    config, guard = backend.config, getattr(backend, "guard", None)
     backend.config = replace(config, checkpoint_every=0)
+    if guard is not None:
+        backend.guard = Guard("off")
     try:
         yield
     finally:
         backend.config = config
+        if guard is not None:
+            backend.guard = guard
 
 
 def check_ranks(backend: Any, stored: ClusterProfile) -> tuple[str, str]:
@@ -190,7 +198,7 @@ def quick_calibrate(
     out.mkdir(parents=True, exist_ok=True)
     stages = tqdm(total=3, desc="quick calibration", unit="stage", disable=not settings.progress)
     stages.set_postfix_str(f"ladder on {n} {gpu} ranks, at most {settings.max_s:.0f} s")
-    with checkpoints_paused(backend):
+    with measuring(backend):
         ladder = profile_ladder(
             {n: backend},
             list(settings.batches),

@@ -120,6 +120,25 @@ def test_a_machine_with_a_cache_cliff_is_refused_naming_the_drift_and_the_overri
     )
 
 
+def test_the_ladder_runs_without_checkpoints_or_guards_and_gives_both_back(tmp_path):
+    from sim.guards import Guard
+
+    class Watched(SimulatedRanks):
+        seen: set = set()
+
+        def run_interval(self, local_batches, iterations):
+            self.seen.add((self.guard.config.mode, self.config.checkpoint_every))
+            return super().run_interval(local_batches, iterations)
+
+    stored = load_profile(PROFILE)
+    ranks = Watched(stored)
+    ranks.config = RealDDPConfig(workers=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    ranks.guard = guard = Guard("act")
+    quick_calibrate(ranks, stored, FAST, tmp_path, seed=0)
+    assert ranks.seen == {("off", 0)}
+    assert ranks.guard is guard and ranks.config.checkpoint_every == 2
+
+
 def test_a_cap_too_short_for_three_batches_is_named(tmp_path, monkeypatch):
     import dynamix_gym.measurement.profiling as profiling
 

@@ -98,10 +98,13 @@ class DynamixController:
             be skipped on some ranks.
         policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
         arbitrator: ``host:port`` of an arbitrator service (``python -m experiments.serve``) to ask
-            instead of an in-process policy; when it is slow or down the job keeps its batches
-            (:class:`dynamix_gym.service.client.RemoteController`). ``token`` (else ``token_file``,
-            else ``$DYNAMIX_ARBITRATOR_TOKEN``) authenticates; ``arbitrator_kwargs`` go to the client
-            (job_id, timeout_s, backoff_s, ca_file, task, bundle).
+            instead of an in-process policy; when it is slow or down the job keeps its batches and
+            rank 0 warns (:class:`dynamix_gym.service.client.RemoteController`); when it refuses the
+            job (wrong token, unknown bundle) rank 0 raises the cause, unless
+            ``arbitrator_kwargs["allow_without_policy"]``. ``token`` (else ``token_file``, else
+            ``$DYNAMIX_ARBITRATOR_TOKEN``) authenticates; ``arbitrator_kwargs`` go to the client
+            (job_id, timeout_s, backoff_s, ca_file, task, bundle, allow_without_policy).
+            :attr:`decisions_without_policy` counts the decisions made without it.
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
@@ -262,6 +265,12 @@ class DynamixController:
         self._new_interval()
 
     # --- what the training loop reads --------------------------------------------------------------
+    @property
+    def decisions_without_policy(self) -> int:
+        """Rank 0: decisions at which the batches were kept because the arbitrator refused the job or
+        did not answer (0 for an in-process policy, and on the other ranks)."""
+        return int(getattr(self.policy, "decisions_without_policy", 0))
+
     @property
     def local_batch(self) -> int:
         return int(self.batches[self.rank])

@@ -87,12 +87,21 @@ def with_metric_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(target_metric=df["target_accuracy"]) if "target_accuracy" in df.columns else df
 
 
+def with_policy_count(df: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows written before the count of decisions made without the policy: not recorded
+    (NaN), except for a controller that decides in process, which never decides without it (0)."""
+    if "decisions_without_policy" in df.columns or "controller" not in df.columns:
+        return df
+    remote = df["controller"].astype(str) == "arbitrator"
+    return df.assign(decisions_without_policy=remote.map({True: float("nan"), False: 0.0}))
+
+
 def load_runs(sweep_dir: str | Path) -> pd.DataFrame:
     """Every summary row under ``sweep_dir``, with the run's directory in ``run_dir``."""
     sweep_dir = Path(sweep_dir)
     frames = []
     for path in sorted(sweep_dir.rglob("summary.csv")):
-        df = with_metric_columns(pd.read_csv(path))
+        df = with_policy_count(with_metric_columns(pd.read_csv(path)))
         missing = [c for c in COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(

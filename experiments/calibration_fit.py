@@ -1,16 +1,23 @@
 """The step-time fits both calibration modes share: every (worker type, app) of a validated table
 fitted (:func:`sim.fitting.step_time.fit_models`) with the held-out check beside it, the
-``host_floor_pairs`` setting, and the figures every fit report gives."""
+``host_floor_pairs`` setting, and the figures every fit report gives; and the refit of a written
+profile's compute model with a knee (:func:`refit_compute_knee`: same-day step times of
+``experiments.fit_schedules``, the quick ladder before a deploy)."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from sim.fitting.step_time import fit_models, holdout_errors
-from sim.profile import ClusterProfile
+from sim.datafiles import atomic_write_text, dump_json
+from sim.fitting.step_time import fit_compute_knee, fit_models, holdout_errors
+from sim.profile import COMPUTE_FILE, ClusterProfile
 
 #: The calibration app (its reports quote the command that regenerates them).
 COMMAND = "python -m experiments.calibrate"
@@ -71,3 +78,31 @@ def fit_figures(profile: ClusterProfile, convergence: dict[str, Any] | None) -> 
 
 def holdout_summary(h: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in h.items() if k not in ("rows", "fit")} | {"n_rows": len(h.get("rows", []))}
+
+
+def refit_compute_knee(
+    profile_dir: str | Path,
+    local_batch: Sequence[float],
+    compute_time_s: Sequence[float],
+    generated_by: str,
+    gpu: str | None = None,
+    app: str | None = None,
+) -> dict[str, Any]:
+    """Replace, in place, the compute model of ``(gpu, app)`` (``None``: the only one) in the profile
+    directory ``profile_dir`` by :func:`sim.fitting.step_time.fit_compute_knee` on the measured
+    compute times per iteration (knee included when :data:`~sim.fitting.step_time.KNEE_RULE` keeps
+    one); its memory cap stays. Returns the model ``before``, the model ``after`` and the ``fit``'s
+    figures."""
+    path = Path(profile_dir) / COMPUTE_FILE
+    rows = json.loads(path.read_text())["models"]
+    match = [i for i, r in enumerate(rows) if gpu in (None, r["gpu"]) and app in (None, r["app"])]
+    if len(match) != 1:
+        raise ValueError(
+            f"{path}: {len(match)} compute models match (gpu={gpu}, app={app}), of "
+            f"{[(r['gpu'], r['app']) for r in rows]}; the refit replaces exactly one"
+        )
+    old = rows[match[0]]
+    params, fit = fit_compute_knee(local_batch, compute_time_s, old["gpu"], old["app"], int(old["max_batch"]))
+    rows[match[0]] = asdict(params)
+    atomic_write_text(path, dump_json({"generated_by": generated_by, "models": rows}))
+    return {"before": old, "after": asdict(params), "fit": fit}

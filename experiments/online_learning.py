@@ -38,7 +38,8 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
 from dynamix_gym.service.learner import LearnerConfig
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig
+from dynamix_gym.service.transport import build_server
 from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, atomic_write_text, plain
 from experiments.serve import attach_learner, episode_tta, score_bundle

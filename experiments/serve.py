@@ -32,7 +32,8 @@ from dynamix_gym.controllers.bundle import PolicyBundle, PPOController, load_bun
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server, load_token
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig
+from dynamix_gym.service.transport import build_server, load_token
 from experiments.common import REPO_ROOT, atomic_write_text, plain
 
 log = logging.getLogger(__name__)

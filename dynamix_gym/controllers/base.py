@@ -103,6 +103,13 @@ def start_options(controller: Controller, spec: Any) -> dict[str, Any] | None:
     return None if initial is None else {"initial_batches": initial}
 
 
+def decided_without_policy(controller: Controller) -> bool:
+    """Whether the controller's last ``predict`` kept the batches because its policy did not decide
+    (a remote policy that refused the job or did not answer: ``last_without_policy``); ``False`` for
+    a controller that always decides itself."""
+    return bool(getattr(controller, "last_without_policy", False))
+
+
 def env_options(controller: Controller) -> dict[str, Any]:
     """Env keyword arguments a controller needs besides its ``action_mode`` (a policy bundle: its
     observation schema and action set); ``{}`` for a controller without ``env_options()``."""

@@ -39,6 +39,7 @@ from dynamix_gym.learning.central_critic import (
     extend_obs_stats,
     from_local_bundle,
 )
+from dynamix_gym.learning.wallclock import WallClockLimit
 from sim.validation import check_choice
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class TrainConfig:
     progress_bar: bool = True
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
     finetune_from: str | None = None  # start from this bundle instead of a fresh policy
+    max_train_s: float | None = None  # wall-clock bound of the PPO updates (None: total_timesteps alone)
     # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
     # {"expert": "oracle", "episodes": 120, "epochs": 20}, with the expert's parameters in
     # "expert_kwargs"; see dynamix_gym.learning.imitation.
@@ -148,6 +150,8 @@ def check_train_config(cfg: TrainConfig) -> None:
             "finetune_from or expert_pretrain (a fresh policy has none to keep)"
         )
     check_choice("time_scale", cfg.time_scale, TIME_SCALES)
+    if cfg.max_train_s is not None:
+        WallClockLimit(cfg.max_train_s)  # its range check
     check_choice("critic", cfg.critic, CRITICS)
     if cfg.critic == "centralised":
         if cfg.obs_form != "per_worker":
@@ -819,6 +823,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 seed=cfg.seed + 31,
             )
         ]
+    clock = WallClockLimit(cfg.max_train_s) if cfg.max_train_s is not None else None
     callbacks = CallbackList(
         [
             *bc_term,
@@ -830,6 +835,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
                 save_vecnormalize=True,
             ),
             eval_cb,
+            *([clock] if clock is not None else []),
         ]
     )
     remaining = cfg.total_timesteps - (model.num_timesteps if not reset_timesteps else 0)
@@ -854,6 +860,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     norm = ObsNorm.from_vecnormalize(venv) if isinstance(venv, VecNormalize) and venv.norm_obs else None
     meta = meta_fn()
     meta.metadata["train_seconds"] = train_s
+    if clock is not None:
+        meta.metadata["stopped_by_wall_clock"] = clock.stopped
     save_bundle(final_dir, model, meta, norm)
     venv.close()
     return {
@@ -861,6 +869,7 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         "history": eval_cb.history,
         "timesteps": int(model.num_timesteps),
         "train_seconds": train_s,
+        "stopped_by_wall_clock": bool(clock is not None and clock.stopped),
         "best_bundle": str(best_dir),
         "final_bundle": str(final_dir),
     }

@@ -2,7 +2,7 @@
 
 The vector envs (:mod:`dynamix_gym.envs.batched_vector`, :mod:`dynamix_gym.envs.batched_per_worker`)
 step many simulated clusters as arrays (:mod:`sim.batched`); encoding each cluster's report through
-:class:`dynamix_gym.schema.ObservationEncoder` and :func:`dynamix_gym.reward.compute_reward` one at a
+:class:`dynamix_gym.obs.v1.ObservationEncoder` and :func:`dynamix_gym.reward.compute_reward` one at a
 time would cost more than the simulation. :class:`BatchedEncoder` and :func:`batched_reward` compute
 the same features and terms over arrays ``[clusters, workers]`` of a
 :class:`sim.batched.BatchReport` (padded workers masked out). The equations are those modules'
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dynamix_gym.obs import OBS_SCHEMA
+from dynamix_gym.obs.v1 import GLOBAL_FEATURES, WORKER_FEATURES
 from dynamix_gym.reward import RewardConfig
-from dynamix_gym.schema import GLOBAL_FEATURES, OBS_SCHEMA, WORKER_FEATURES
 from dynamix_gym.stats import MAX_NOISE_SCALE
 from sim.batched import BatchReport
 
@@ -76,7 +77,7 @@ class BatchedNoiseScale:
 
 
 class BatchedEncoder:
-    """:class:`dynamix_gym.schema.ObservationEncoder` (schema 1) for ``clusters`` clusters of up to
+    """:class:`dynamix_gym.obs.v1.ObservationEncoder` (schema 1) for ``clusters`` clusters of up to
     ``width`` workers; per-cluster facts (batch ranges, target, budget, classes) set by :meth:`set`.
 
     :meth:`encode` returns the per-worker features ``[C, W, 19]`` and the global ones ``[C, 13]``,

@@ -26,8 +26,8 @@ from gymnasium.utils import seeding
 from dynamix_gym.actions import CONTINUOUS_SCALE, check_action_set, check_split
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.batched_encoding import BatchedEncoder, batched_reward
+from dynamix_gym.obs import check_schema_version, get_schema, make_encoder
 from dynamix_gym.reward import RewardConfig
-from dynamix_gym.schema import check_schema_version, get_schema, make_encoder
 from sim.batched import BatchedSimulator, BatchReport
 from sim.batched_noise import batch_generator
 

@@ -47,7 +47,7 @@ class RealDDPConfig:
     lr_rule: str = "adascale"
     noise_smoothing: float = 0.2
     target_accuracy: float = 0.95  # classification data sets: held-out accuracy that ends the episode
-    target_val_loss: float | None = None  # pystdlib: held-out loss (nats per byte) that ends it; None: 2.2
+    target_val_loss: float | None = None  # pystdlib: held-out loss (nats per byte) that ends it; None: 2.3
     time_budget_s: float = 600.0
     scenario: object = None  # sim.faults.Scenario or a preset name; None: no faults
     emulate: tuple[str, ...] | None = None  # GPU type per worker to emulate, e.g. ("T4", "V100")

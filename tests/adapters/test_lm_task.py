@@ -148,3 +148,20 @@ def test_lm_config_target_is_a_falling_val_loss():
 def test_bad_lm_config_values_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RealDDPConfig(**kwargs)
+
+
+def test_the_calibrated_workload_of_the_lm_carries_its_falling_metric():
+    from omegaconf import OmegaConf
+
+    from experiments.calibration_real import real_workload
+
+    cfg = OmegaConf.create({"workload": {"name": "pystdlib_lm"}})
+    real = {"dataset": "pystdlib", "model": "transformer", "val_fraction": 0.05, "target_val_loss": 2.3}
+    wl = real_workload(cfg, real, train_size=7781)
+    assert wl.metric == LM_METRIC and wl.target_accuracy == 2.3 and wl.target_quality == pytest.approx(0.77)
+    assert wl.chance_quality == pytest.approx(1 - 0.1 * math.log(256))
+    assert wl.num_classes == 256 and wl.val_samples == 410 and wl.sample_bytes == 8 * CONTEXT
+    assert wl.params_millions == pytest.approx(0.279424)
+    cnn = real_workload(cfg, {"dataset": "digits", "model": "cnn"}, train_size=1438)
+    assert cnn.metric is ACCURACY and cnn.target_accuracy == 0.95 and cnn.chance_quality == 0.1
+    assert cnn.sample_bytes == 4 * 64

@@ -67,7 +67,8 @@ def real_workload(cfg: DictConfig, real: dict[str, Any], train_size: int) -> Wor
         "samples_per_epoch": int(train_size),
         "target_accuracy": float(task.default_target if target is None else target),  # the metric's units
         "num_classes": int(data.num_classes),
-        "val_samples": int(data.x_val.shape[0]),
+        # predictions per validation: a window predicts each of its bytes (sets the simulator's noise)
+        "val_samples": int(data.y_val.numel()),
         "sample_bytes": float(data.x_train.element_size() * int(np.prod(data.input_shape))),
         "lr_rule": str(real.get("lr_rule", "adascale")),
         "initial_local_batch": int(real.get("initial_batch") or real.get("base_batch", 32)),

@@ -160,8 +160,8 @@ def test_the_calibrated_workload_of_the_lm_carries_its_falling_metric():
     wl = real_workload(cfg, real, train_size=7781)
     assert wl.metric == LM_METRIC and wl.target_accuracy == 2.3 and wl.target_quality == pytest.approx(0.77)
     assert wl.chance_quality == pytest.approx(1 - 0.1 * math.log(256))
-    assert wl.num_classes == 256 and wl.val_samples == 410 and wl.sample_bytes == 8 * CONTEXT
+    assert wl.num_classes == 256 and wl.val_samples == 410 * CONTEXT and wl.sample_bytes == 8 * CONTEXT
     assert wl.params_millions == pytest.approx(0.279424)
     cnn = real_workload(cfg, {"dataset": "digits", "model": "cnn"}, train_size=1438)
     assert cnn.metric is ACCURACY and cnn.target_accuracy == 0.95 and cnn.chance_quality == 0.1
-    assert cnn.sample_bytes == 4 * 64
+    assert cnn.sample_bytes == 4 * 64 and cnn.val_samples == 359  # digits: 20 % of 1,797 images

@@ -165,3 +165,56 @@ def test_the_calibrated_workload_of_the_lm_carries_its_falling_metric():
     cnn = real_workload(cfg, {"dataset": "digits", "model": "cnn"}, train_size=1438)
     assert cnn.metric is ACCURACY and cnn.target_accuracy == 0.95 and cnn.chance_quality == 0.1
     assert cnn.sample_bytes == 4 * 64 and cnn.val_samples == 359  # digits: 20 % of 1,797 images
+
+
+def _compose(app: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from support import ROOT
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose(app, overrides=overrides)
+
+
+def test_the_deploy_app_trains_the_lm_by_a_config_choice():
+    from experiments.evaluate import make_env
+
+    env = make_env(_compose("deploy", ["real_task=lm"]), "delta")
+    try:
+        backend = env.unwrapped.backend
+        assert backend.config.dataset == "pystdlib" and backend.config.model == "transformer"
+        assert backend.spec.metric is LM_METRIC and backend.spec.target_accuracy == pytest.approx(0.77)
+        assert backend.worker_pids == []  # no process before reset
+    finally:
+        env.close()
+    default = make_env(_compose("deploy", []), "delta")
+    try:  # the default task is still the CNN on MNIST
+        assert default.unwrapped.backend.config.dataset == "mnist"
+        assert default.unwrapped.backend.spec.target_accuracy == 0.96
+    finally:
+        default.close()
+
+
+def test_the_calibrate_and_fidelity_presets_of_the_lm_compose():
+    cal = _compose("calibrate", ["+calibrate_preset=lm"])
+    RealDDPConfig(**{**cal.real})  # the profiled backend is a valid config
+    assert cal.real.dataset == "pystdlib" and cal.out_dir == "results/lm/profile"
+    fid = _compose("fidelity", ["+fidelity_preset=lm"])
+    assert fid.profile == cal.out_dir
+
+
+def test_the_committed_lm_profile_runs_in_the_simulator_to_its_falling_target():
+    from support import ROOT
+
+    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+    from sim.profile import load_profile
+
+    profile = load_profile(ROOT / "results" / "lm" / "profile")
+    assert profile.workload.metric == LM_METRIC and profile.workload.target_accuracy == 2.3
+    env = HeteroClusterEnv(profile=profile, action_mode="absolute", interval=20, time_budget_s=600)
+    env.reset(seed=0)
+    for _ in range(100):
+        _, _, terminated, truncated, info = env.step(np.array([16.0, 16.0], dtype=np.float32))
+        if terminated or truncated:
+            break
+    assert terminated, info["report"].val_accuracy
+    assert LM_METRIC.from_quality(info["report"].val_accuracy) <= 2.3

@@ -55,7 +55,10 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--slowdown", default="", help="per-rank compute multipliers, e.g. 1,3")
     args = p.parse_args()
-    LM_METRIC.check_value("--target-val-loss", args.target_val_loss)
+    if not 0.0 <= args.target_val_loss < LM_METRIC.untrained:
+        p.error(
+            f"--target-val-loss must be in [0, {LM_METRIC.untrained:.4f}) nats per byte, got {args.target_val_loss}"
+        )
     return args
 
 

@@ -112,13 +112,9 @@ class DynamixController:
         min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
         lr_rule: adascale | linear | sqrt | none (``sim.scaling``).
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
-            values are used. ``None``: the interval's training accuracy and loss stand in. With a
-            ``metric`` other than accuracy, ``val_accuracy`` is the metric's rising quality
-            (``metric.to_quality(value)``), and so is ``end``'s ``correct`` summed over samples.
-        target_accuracy, time_budget_s: ``done`` turns true when either is reached
-            (``target_accuracy`` is a quality too: ``metric.to_quality(target)``).
-        metric: the validation metric (:class:`sim.workloads.QualityMetric`; default accuracy), e.g.
-            :data:`adapters.tasks.LM_METRIC`, a falling validation loss (``examples/torchrun_lm.py``).
+            values are used. ``None``: the interval's training accuracy and loss stand in.
+        target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        metric: the validation metric; a falling one makes the accuracies qualities (examples/torchrun_lm.py).
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the

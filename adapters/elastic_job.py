@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from adapters.config import RealDDPConfig, real_config_of
-from adapters.ddp_backend import NUM_CLASSES
 from adapters.elastic import ElasticDDPBackend
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import LR_RANGE, PoolEvent, PoolLedger, check_deltas, initial_held, pick_slots
@@ -281,11 +280,12 @@ class RealElasticBackend:
             max_batch=full(config.max_batch),
             initial_batch=full(config.initial_batch or config.base_batch),
             base_batch=int(config.base_batch),
-            target_accuracy=float(config.target_accuracy),
+            target_accuracy=config.target_quality,
             time_budget_s=float(config.time_budget_s),
-            num_classes=NUM_CLASSES,
+            num_classes=config.task.num_classes,
             workload=profile.workload.name if profile is not None else f"{config.model}/{config.dataset}",
             deterministic=False,
+            metric=config.task.metric,
             lr_rule=config.lr_rule,
         )
         # throughput_max of the scheduler reward: the calibrated model of the slots (a profile), else 0.

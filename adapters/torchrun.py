@@ -53,6 +53,7 @@ from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import lr_gain
+from sim.workloads import ACCURACY, QualityMetric
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class DynamixController:
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
             values are used. ``None``: the interval's training accuracy and loss stand in.
         target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        metric: the validation metric; a falling one makes the accuracies qualities (examples/torchrun_lm.py).
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the
@@ -149,6 +151,7 @@ class DynamixController:
         target_accuracy: float = 1.0,
         time_budget_s: float = math.inf,
         num_classes: int = 10,
+        metric: QualityMetric = ACCURACY,
         workload: str = "user",
         gpu_types: tuple[str, ...] | None = None,
         slowdown: float = 1.0,
@@ -207,6 +210,7 @@ class DynamixController:
             num_classes=int(num_classes),
             workload=workload,
             deterministic=False,
+            metric=metric,
             lr_rule=lr_rule,
         )
         self.noise = NoiseScaleEstimator()

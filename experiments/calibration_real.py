@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,11 @@ def real_workload(cfg: DictConfig, real: dict[str, Any], train_size: int) -> Wor
     """The profile's workload: the real model and data set, sized from the model and the split."""
     from adapters.data import load_dataset
     from adapters.models import build_model
+    from adapters.tasks import task_of
+    from sim.workloads import ACCURACY
 
+    task = task_of(real["dataset"])
+    target = real.get(task.target_field)
     data = load_dataset(
         real["dataset"], val_fraction=real.get("val_fraction", 0.2), split_seed=real.get("split_seed", 0)
     )
@@ -61,13 +65,15 @@ def real_workload(cfg: DictConfig, real: dict[str, Any], train_size: int) -> Wor
         "params_millions": params_m,
         "app_params_millions": params_m,
         "samples_per_epoch": int(train_size),
-        "target_accuracy": float(real.get("target_accuracy", 0.95)),
+        "target_accuracy": float(task.default_target if target is None else target),  # the metric's units
         "num_classes": int(data.num_classes),
-        "val_samples": int(data.x_val.shape[0]),
-        "sample_bytes": float(4 * int(np.prod(data.input_shape))),
+        # predictions per validation: a window predicts each of its bytes (sets the simulator's noise)
+        "val_samples": int(data.y_val.numel()),
+        "sample_bytes": float(data.x_train.element_size() * int(np.prod(data.input_shape))),
         "lr_rule": str(real.get("lr_rule", "adascale")),
         "initial_local_batch": int(real.get("initial_batch") or real.get("base_batch", 32)),
         "time_budget_s": float(real.get("time_budget_s", 600.0)),
+        **({} if task.metric is ACCURACY else {"metric": asdict(task.metric)}),
         **overrides,
     }
     return workload_from_dict(wl)
@@ -78,6 +84,7 @@ def measure_real(cfg: DictConfig, real: dict[str, Any]) -> dict[str, Any]:
     configured worker count the per-interval overheads and the static-batch curves."""
     from adapters.config import RealDDPConfig
     from adapters.ddp_backend import DDPBackend
+    from adapters.tasks import unreachable_target
     from dynamix_gym.measurement.profiling import profile_ladder, quiet_wait
 
     workers = int(real["workers"])
@@ -85,7 +92,7 @@ def measure_real(cfg: DictConfig, real: dict[str, Any]) -> dict[str, Any]:
     quiet = quiet_wait(cfg.quiet)
     load_start = loadavg()
     # Profiling never stops at the accuracy target (the env would end the overhead episode).
-    base = {**real, "target_accuracy": 1.0, "scenario": None, "emulate": None}
+    base = {**real, **unreachable_target(real["dataset"]), "scenario": None, "emulate": None}
     backends = {w: DDPBackend(RealDDPConfig(**{**base, "workers": w})) for w in counts}
     notes: list[str] = []
     try:
@@ -184,7 +191,7 @@ def fit_curves(
         curves,
         name=workload.convergence,
         base_batch=int(real.get("base_batch", 32)),
-        acc_chance=1.0 / workload.num_classes,
+        acc_chance=workload.chance_quality,
         memory_fraction=float(cfg.curves.memory_fraction),
         bins=int(cfg.curves.bins),
         targets=[workload.target_quality],

@@ -213,7 +213,7 @@ def analyse(setup: Setup, labels: list[str], m: dict[str, Any]) -> dict[str, Any
     if ppo is not None:
         s["ppo_batches"] = fs.ppo_batches(timelines, static[ppo["real"]["best_static"]], n)
     s["targets_met"] = fs.targets_met(s)
-    s["collapses"] = collapses(timelines, 1.0 / profile.workload.num_classes)
+    s["collapses"] = collapses(timelines, profile.workload.chance_quality)
     s["where_wrong"] = where_wrong(s, tta, intervals, labels, profile)
     return {"summary": s, "tta": tta, "intervals": intervals, "holdout": holdout, "ladder": ladder}
 

@@ -39,12 +39,20 @@ def speed_ladder(
     """Real step times at the scenario's static speeds vs the simulator's prediction (no fitting)."""
     from adapters.config import RealDDPConfig
     from adapters.ddp_backend import DDPBackend
+    from adapters.tasks import unreachable_target
 
     n = int(real_config["workers"])
     speeds = tuple(scenario.worker_speed or (1.0,) * n)
     static = Scenario(name="static_speeds", worker_speed=speeds)
     be = DDPBackend(
-        RealDDPConfig(**{**real_config, "scenario": static, "fault_time_scale": 1.0, "target_accuracy": 1.0})
+        RealDDPConfig(
+            **{
+                **real_config,
+                "scenario": static,
+                "fault_time_scale": 1.0,
+                **unreachable_target(real_config["dataset"]),
+            }
+        )
     )
     sl = cfg.speed_ladder
     try:

@@ -99,6 +99,8 @@ def setup_summary(
         "initial_batch": int(cfg.initial_batch),
         "time_budget_s": float(cfg.time_budget_s),
         "target_accuracy": profile.workload.target_quality,
+        "metric": profile.workload.metric.name,
+        "target_metric": float(profile.workload.target_accuracy),  # in the metric's own units
         "real_seeds": list(cfg.real_seeds),
         "sim_seeds": list(cfg.sim_seeds),
     }

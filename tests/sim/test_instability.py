@@ -107,5 +107,5 @@ def test_training_worlds_draw_an_instability_from_absent_to_severe_without_movin
     assert 2.0 <= 2 ** (-params.intercept / params.slope) <= 16.0 and -3.0 <= params.ramp_effect <= 0.0
     backend = SimBackend(**on)  # a world's config builds its backend, instability included
     assert backend.sim.instability is not None and backend.sim.instability.params == params
-    with pytest.raises(ValueError, match="domain.instability_probability"):
+    with pytest.raises(ValueError, match=r"domain\.instability_probability"):
         DomainRandomization(workers=4, instability_probability=1.5)

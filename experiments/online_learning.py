@@ -31,17 +31,18 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from dynamix_gym.benchmark import load_suite, run_score_s, split_tasks, task_interval, task_specs
+from dynamix_gym.benchmark.validation import score_bundle
 from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
 from dynamix_gym.service.learner import LearnerConfig
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
-from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, atomic_write_text, plain
-from experiments.serve import attach_learner, episode_tta, score_bundle
+from experiments.serve import attach_learner
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,16 @@ def _wave(address: str, token: str, tasks: dict, names: list[str], seeds: list[i
         env = HeteroClusterEnv(
             **task_specs(task, {"kind": "time"}),
             action_mode="absolute",
-            interval=int(task.get("interval", 50)),
+            interval=task_interval(task),
         )
         ctl = RemoteController(address, token=token, job_id=f"{tag}-{i}", task=names[i], timeout_s=10.0)
         s = run_episode(env, ctl, seeds[i]).summary
         ctl.close(final_report=env.unwrapped.last_report)
+        budget = env.unwrapped.backend.spec.time_budget_s
         out[i] = {
             "task": names[i],
             "seed": seeds[i],
-            "tta_s": episode_tta(s),
+            "tta_s": run_score_s(s["reached_target"], s["time_to_accuracy_s"], budget),
             "reached": s["reached_target"],
             "version": ctl.client.policy_version,
             "decisions": s["decisions"],
@@ -108,7 +110,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("transitions.jsonl",):
         (out / stale).unlink(missing_ok=True)
-    bench = OmegaConf.load(REPO_ROOT / str(cfg.benchmark))
+    bench = load_suite(cfg.benchmark)
     test_tasks, test_seeds = split_tasks(bench, "test")
     names = list(cfg.stream.tasks)
     seeds_from = int(cfg.stream.seeds_from)

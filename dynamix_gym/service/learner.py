@@ -213,7 +213,7 @@ class OnlineLearner:
             except Exception as exc:
                 raise ValueError(
                     "learner.worker=process validates candidates in a child process, so validate must "
-                    "pickle (a module-level function, or an object such as experiments.serve.Validator); "
+                    "pickle (a module-level function, or an object such as dynamix_gym.benchmark.validation.Validator); "
                     f"{validate!r} does not ({exc})"
                 ) from None
         self._load_lineage()

@@ -16,7 +16,8 @@ from dynamix_gym.service.client import ArbitratorClient
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, build_server, load_token
 from dynamix_gym.service.translog import read_log
 from experiments.bench_serve import ServiceProcess
-from experiments.serve import make_validator, serve
+from dynamix_gym.benchmark.validation import make_validator
+from experiments.serve import serve
 
 
 def _cfg(*overrides: str):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.controllers.base import Controller, start_options
+from dynamix_gym.controllers.base import Controller, hooks, start_options
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.protocol import IntervalReport
 
@@ -92,12 +92,9 @@ def run_episode(
             f"controller {controller.name!r} emits {controller.action_mode!r} actions but the env is in "
             f"{base.action_mode!r} mode"
         )
-    check = getattr(controller, "check_env", None)
-    if check is not None:  # e.g. a PPO bundle refusing an env with another action set
-        check(base)
-    prepare = getattr(controller, "prepare", None)
-    if prepare is not None:  # e.g. the hindsight limit, which searches replays of this very episode
-        prepare(env, seed)
+    own = hooks(controller)
+    own.check_env(base)  # e.g. a PPO bundle refusing an env with another action set
+    own.prepare(env, seed)  # e.g. the hindsight limit, which searches replays of this very episode
     obs, info = env.reset(seed=seed, options=start_options(controller, base.backend.spec))
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec

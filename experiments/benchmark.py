@@ -64,7 +64,7 @@ from dynamix_gym.benchmark.scoring import best_static as best_static_by_task
 from dynamix_gym.benchmark.scoring import geomean as _geomean
 from dynamix_gym.benchmark.scoring import scores_s
 from dynamix_gym.benchmark.suite import SUITE_NAME, check_suite, split_tasks, task_interval, task_specs
-from dynamix_gym.controllers.base import env_options
+from dynamix_gym.controllers.base import env_options, hooks
 from dynamix_gym.evaluation import run_episode
 from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
 from experiments.evaluate import record_run
@@ -133,7 +133,7 @@ def run_task(cfg: DictConfig, out: Path) -> float:
         "decisions": int(summary["decisions"]),
         "run_s": round(elapsed, 2),
     }
-    search = getattr(controller, "search_log", None)
+    search = hooks(controller).search_log
     if search:
         row["plan"] = search.get("plan")
         row["search_s"] = search.get("search_s")

@@ -9,8 +9,8 @@
    rate, validates the candidate on the *train* split's tasks (seeds >= 100) and promotes it only
    if it is faster there.
 2. The curve: every version the service ever served is scored deterministically on the stream's
-   test tasks at the test split's own seeds (0, 1): mean time to accuracy (twice the time used
-   when the target is missed), and its ratio to the pretrained bundle.
+   test tasks at the test split's own seeds (0, 1): mean time to accuracy (the time budget when
+   the target is missed: dynamix_gym.benchmark's one score), and its ratio to the pretrained bundle.
 3. Poisoning: anti-policy transitions (every action but the policy's choice paid for) are fed to
    the learner. Validation should reject the candidate; if it does, it is promoted anyway (an
    operator's override). Either way the jobs the poisoned version then serves measure it against
@@ -164,7 +164,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
             log.info("wave %d: mean TTA %.1f s; update %s", w, waves[-1]["mean_tta_s"], waves[-1]["update"])
         # --- poisoning ---------------------------------------------------------------------------------
         serving = store.get()
-        obs = np.array([t[2] for t in learner.transitions()], dtype=np.float32)
+        obs = np.array([t.obs for t in learner.transitions()], dtype=np.float32)
         rng = np.random.default_rng(int(cfg.seed) + 2)
         # the poison is logged transitions: PPO's update takes them whatever mode served the stream
         poison_cfg = LearnerConfig(**{**plain(cfg.learner), "mode": "ppo", **plain(cfg.poison.learner)})

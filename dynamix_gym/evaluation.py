@@ -32,6 +32,16 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 
 
+def controller_label(controller: Any) -> str:
+    """The controller's ``name``; a static controller's carries its batch (``static-128``) so that
+    static runs at different batches stay apart in summaries."""
+    name = str(controller.name)
+    batch = getattr(controller, "batch", None)
+    if name == "static" and isinstance(batch, int | float) and not isinstance(batch, bool):
+        return f"static-{int(batch)}"
+    return name
+
+
 @dataclass
 class EpisodeResult:
     timeline: list[dict[str, Any]]  # one row per interval (tidy: per-worker values as w{i}_... columns)

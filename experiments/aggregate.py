@@ -12,7 +12,7 @@ writes into ``out``:
   commands that regenerate it (read back from the runs' ``.hydra/overrides.yaml``);
 * ``table.csv``: the same numbers, unrounded; ``summary.csv``: every run's summary row;
 * ``accuracy_vs_time.png``, ``batch_trajectories.png``, ``time_to_accuracy.png``,
-  ``idle_fraction.png`` (see :mod:`experiments.plots`).
+  ``idle_fraction.png`` (see :mod:`experiments.reports.plots`).
 
 Time-to-accuracy statistics are over the seeds that reached the target (a missed run has no time
 to accuracy; its seed shows in the ``reached`` column and marks the row with a dagger). The best
@@ -39,9 +39,9 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from scipy import stats
 
-from experiments import plots
 from experiments.common import atomic_write_text
 from experiments.evaluate import COLUMNS
+from experiments.reports import plots
 from sim.faults import SCENARIOS
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from dynamix_gym.configs import plain as _plain
 from dynamix_gym.reward import RewardConfig
 from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
 
@@ -28,12 +29,6 @@ TASK_KEYS = (*TASK_GROUPS, "interval")
 DEFAULT_INTERVAL = 50
 #: The splits whose tasks and seeds may be used to train, tune or validate; ``test`` is for scoring.
 TRAIN_SPLIT, TEST_SPLIT = "train", "test"
-
-
-def _plain(node: Any) -> Any:
-    if isinstance(node, DictConfig | ListConfig):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
 
 
 def _conf_dir() -> Path:

@@ -39,10 +39,9 @@ from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
-from dynamix_gym.service.learner import LearnerConfig
+from dynamix_gym.service.learner import LearnerConfig, attach_learner
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
 from experiments.common import REPO_ROOT, atomic_write_text, plain
-from experiments.serve import attach_learner
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,9 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     import shutil
 
     shutil.rmtree(out / "versions", ignore_errors=True)
-    learner = attach_learner(cfg, store, service, out / "versions")
+    learner = attach_learner(
+        service, store, out / "versions", plain(cfg.learner), plain(cfg.validation), int(cfg.seed)
+    )
     server, port = build_server(service, token, port=0, threads=8)
     server.start()
     address = f"127.0.0.1:{port}"

@@ -26,9 +26,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dynamix_gym.benchmark.validation import make_validator
 from dynamix_gym.controllers.bundle import load_bundle
-from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
+from dynamix_gym.service.learner import OnlineLearner
+from dynamix_gym.service.learner import attach_learner as attach_online_learner
 from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server, load_token
 from experiments.common import atomic_write_text, plain
 
@@ -36,19 +36,10 @@ log = logging.getLogger(__name__)
 
 
 def attach_learner(cfg: DictConfig, store: Any, service: Any, versions: Path) -> OnlineLearner:
-    """The online learner of ``cfg.learner`` / ``cfg.validation`` over the store's default bundle,
-    its candidates kept under ``versions``, attached to ``service`` (the one place both apps build it)."""
-    learner = OnlineLearner(
-        store,
-        "default",
-        versions,
-        make_validator(plain(cfg.validation)),
-        LearnerConfig(**plain(cfg.learner)),
-        rng=np.random.default_rng(int(cfg.seed) + 1),
-        log=service.log,
+    """The online learner of ``cfg.learner`` / ``cfg.validation`` (:func:`dynamix_gym.service.learner.attach_learner`)."""
+    return attach_online_learner(
+        service, store, versions, plain(cfg.learner), plain(cfg.validation), int(cfg.seed)
     )
-    service.learner = learner
-    return learner
 
 
 def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:

@@ -70,9 +70,9 @@ from dynamix_gym.service.candidates import (
     replica_update,
     weights_to_numpy,
 )
-from dynamix_gym.service.rollback import NOISE_FLOOR_VAR, measured_regression, window_ratios
+from dynamix_gym.service.rollback import measured_regression, window_ratios
 from dynamix_gym.service.server import PolicyStore
-from dynamix_gym.service.transitions import Transition, as_transitions, gae
+from dynamix_gym.service.transitions import Transition, as_transitions
 from dynamix_gym.service.translog import TransitionLog
 from sim.datafiles import atomic_write_text
 
@@ -549,25 +549,33 @@ class OnlineLearner:
             stop.wait(poll_s)
 
 
+def attach_learner(
+    service: Any,
+    store: PolicyStore,
+    versions: str | Path,
+    learner: dict[str, Any],
+    validation: dict[str, Any],
+    seed: int,
+) -> OnlineLearner:
+    """The online learner of the store's default bundle with ``learner`` settings
+    (:class:`LearnerConfig`'s fields) and ``validation`` (:func:`~dynamix_gym.benchmark.validation.
+    make_validator`'s block), its candidates kept under ``versions``, attached to ``service``
+    (the one place the serve and online_learning apps build it)."""
+    from dynamix_gym.benchmark.validation import make_validator
+
+    online = OnlineLearner(
+        store,
+        "default",
+        versions,
+        make_validator(validation),
+        LearnerConfig(**learner),
+        rng=np.random.default_rng(int(seed) + 1),
+        log=service.log,
+    )
+    service.learner = online
+    return online
+
+
 def _mean(scores: dict[str, float]) -> float:
     """Mean validation TTA over tasks (NaN without validation)."""
     return float(np.mean(list(scores.values()))) if scores else float("nan")
-
-
-__all__ = [
-    "LEARNER_MODES",
-    "NOISE_FLOOR_VAR",
-    "ROLLBACK_TESTS",
-    "VALIDATION_SCORES",
-    "WORKERS",
-    "CandidateJob",
-    "CandidateResult",
-    "LearnerConfig",
-    "OnlineLearner",
-    "Transition",
-    "build_candidate",
-    "build_candidate_in_child",
-    "gae",
-    "ppo_update",
-    "replica_update",
-]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -92,6 +93,8 @@ def test_every_train_preset_is_a_train_config(preset):
         return
     cfg = train_config({**raw, "eval_benchmark_tasks": None})
     check_train_config(cfg)
+    if preset is None:  # every setting can be given on the command line without `+`
+        assert {f.name for f in dataclasses.fields(cfg)} <= set(raw)
     assert cfg.env["reward"] == raw["reward"] and cfg.ppo == raw["ppo"]
 
 

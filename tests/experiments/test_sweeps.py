@@ -119,14 +119,18 @@ def test_a_misspelt_train_key_is_an_error_naming_it(override, match):
 
 
 @pytest.mark.integration
-def test_elastic_learners_have_their_own_app_and_refuse_the_ppo_trainers_settings():
+def test_elastic_learners_have_their_own_app_and_refuse_the_ppo_trainers_settings(tmp_path):
     """experiments.train experiment=train_elastic_* used to drop seed, total_timesteps, ppo and
     domain silently; now such a command-line setting is refused, and experiments.train_elastic
     takes the learner's settings at the top level, checked."""
-    proc = run_train("experiment=train_elastic_ppo", "seed=3", "run_dir=unused", timeout=120)
+    proc = run_train("experiment=train_elastic_ppo", "seed=3", f"hydra.run.dir={tmp_path / 'a'}", timeout=120)
     assert proc.returncode != 0
     assert "seed is a setting of the cluster PPO trainer" in proc.stderr
     proc = run_app(
-        "experiments.train_elastic", "learner=sac", "+total_timestep=5", "run_dir=unused", timeout=120
+        "experiments.train_elastic",
+        "learner=sac",
+        "+total_timestep=5",
+        f"hydra.run.dir={tmp_path / 'b'}",
+        timeout=120,
     )
     assert proc.returncode != 0 and "total_timestep" in proc.stderr

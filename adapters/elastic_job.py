@@ -4,7 +4,7 @@ actions and rewards, unchanged) drives real training whose world size follows th
 
     python -m experiments.elastic_policy_real      # controllers and a learned bundle on real ranks
 
-The pool (``conf/pool/cpu_local.yaml``) names a calibrated profile whose worker type its slots are:
+The pool (``sim/data/pool/cpu_local.yaml``) names a calibrated profile whose worker type its slots are:
 the simulator runs the same pool through that profile, so a policy trained there meets the same
 slots, offers and prices here. Every slot the job holds is one rank, in slot order; a change of the
 held set re-forms the group from the last checkpoint (:meth:`ElasticDDPBackend.resize`, measured);
@@ -242,7 +242,7 @@ class RealElasticBackend:
     """``dynamix/ElasticCluster-v0``'s backend over real ranks of ``pool``'s slots.
 
     Args:
-        pool: a pool name (``conf/pool``), mapping or :class:`PoolSpec` naming a calibrated profile
+        pool: a pool name (``sim/data/pool``), mapping or :class:`PoolSpec` naming a calibrated profile
             measured on the real backend (default ``cpu_local``).
         config: the ranks' :class:`RealDDPConfig` (default: the one the profile was measured on).
         checkpoint_dir: where the episodes' checkpoints go (default: a temporary folder removed by

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.controllers.base import Controller, decided_without_policy, start_options
+from dynamix_gym.controllers.base import Controller, decided_without_policy, hooks, start_options
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.protocol import IntervalReport
 
@@ -31,6 +31,16 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "backend",
     "decisions_without_policy",
 )
+
+
+def controller_label(controller: Any) -> str:
+    """The controller's ``name``; a static controller's carries its batch (``static-128``) so that
+    static runs at different batches stay apart in summaries."""
+    name = str(controller.name)
+    batch = getattr(controller, "batch", None)
+    if name == "static" and isinstance(batch, int | float) and not isinstance(batch, bool):
+        return f"static-{int(batch)}"
+    return name
 
 
 @dataclass
@@ -99,12 +109,9 @@ def run_episode(
             f"controller {controller.name!r} emits {controller.action_mode!r} actions but the env is in "
             f"{base.action_mode!r} mode"
         )
-    check = getattr(controller, "check_env", None)
-    if check is not None:  # e.g. a PPO bundle refusing an env with another action set
-        check(base)
-    prepare = getattr(controller, "prepare", None)
-    if prepare is not None:  # e.g. the hindsight limit, which searches replays of this very episode
-        prepare(env, seed)
+    own = hooks(controller)
+    own.check_env(base)  # e.g. a PPO bundle refusing an env with another action set
+    own.prepare(env, seed)  # e.g. the hindsight limit, which searches replays of this very episode
     obs, info = env.reset(seed=seed, options=start_options(controller, base.backend.spec))
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec

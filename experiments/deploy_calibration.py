@@ -10,7 +10,7 @@ Before the episode, on the very ranks the deploy then trains with (its
 2. **refit**: the stored profile (``calibrate.profile``; default: the PPO bundle's training profile)
    copied to ``<run dir>/profile_refit`` with its compute model refitted, knee included, on the
    slowest rank's compute per iteration
-   (:func:`experiments.calibration_fit.refit_compute_knee`, as ``experiments.fit_schedules`` refits
+   (:func:`experiments.calibration.fit.refit_compute_knee`, as ``experiments.fit_schedules`` refits
    same-day step times);
 3. **check**: the stored profile's step times against the refit's at the measured batches
    (:func:`sim.fitting.step_time.step_time_drift`). Beyond ``calibrate.max_drift`` (default 10%)
@@ -39,7 +39,7 @@ from typing import Any
 from hydra.utils import to_absolute_path
 from tqdm.auto import tqdm
 
-from experiments.calibration_fit import refit_compute_knee
+from experiments.calibration.fit import refit_compute_knee
 from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
 from experiments.reports.markdown import table
 from sim.datafiles import dump_json

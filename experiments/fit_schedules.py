@@ -26,7 +26,7 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from experiments.calibration_fit import refit_compute_knee
+from experiments.calibration.fit import refit_compute_knee
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
 from experiments.schedules import LADDER_FILE
@@ -88,7 +88,7 @@ def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.nd
 
 def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[str, Any]:
     """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place):
-    :func:`experiments.calibration_fit.refit_compute_knee` on :func:`same_day_step_times`."""
+    :func:`experiments.calibration.fit.refit_compute_knee` on :func:`same_day_step_times`."""
     b, t, overhead = same_day_step_times(out_dir, interval)
     refit = refit_compute_knee(
         profile_dir, b, t, f"{COMMAND} (same-day step times from the static real runs)"

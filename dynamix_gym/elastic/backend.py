@@ -19,7 +19,7 @@ class ElasticSimBackend:
     """A backend over every slot of ``pool``; the job holds some of them.
 
     Args:
-        pool: a pool name (``conf/pool``), mapping or :class:`PoolSpec`.
+        pool: a pool name (``sim/data/pool``), mapping or :class:`PoolSpec`.
         workload, scenario: as for :class:`sim.engine.Simulator`.
         initial_batch: local batch of every slot (default: the workload's, within each range).
         time_budget_s: the episode's wall-clock budget (default: the workload's).

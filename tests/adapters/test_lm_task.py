@@ -153,7 +153,7 @@ def test_bad_lm_config_values_are_named(kwargs, message):
 def test_the_calibrated_workload_of_the_lm_carries_its_falling_metric():
     from omegaconf import OmegaConf
 
-    from experiments.calibration_real import real_workload
+    from experiments.calibration.real import real_workload
 
     cfg = OmegaConf.create({"workload": {"name": "pystdlib_lm"}})
     real = {"dataset": "pystdlib", "model": "transformer", "val_fraction": 0.05, "target_val_loss": 2.3}

@@ -14,7 +14,7 @@ from support import ROOT, run_python
 
 from adapters.config import RealDDPConfig
 from dynamix_gym.backends.sim_backend import SimBackend
-from experiments.calibration_fit import refit_compute_knee
+from experiments.calibration.fit import refit_compute_knee
 from experiments.deploy_calibration import (
     RECORD_FILE,
     REFIT_DIR,

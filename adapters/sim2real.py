@@ -24,11 +24,10 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 
 from adapters.config import real_config_of
+from dynamix_gym.configs import plain
 from dynamix_gym.controllers import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.evaluation import run_episode
-from experiments.common import plain
-from experiments.evaluate import controller_label
+from dynamix_gym.evaluation import controller_label, run_episode
 from sim.faults import FaultWindow, Scenario
 from sim.profile import ClusterProfile, load_profile
 

@@ -15,7 +15,7 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.calibration_fit import COMMAND, fit_table, holdout_summary, parse_pairs
+from experiments.calibration.fit import COMMAND, fit_table, holdout_summary, parse_pairs
 from experiments.common import atomic_write_text, describe_file, plain
 from sim.cluster import ClusterSpec, NodeSpec, ProfiledNodeSpec
 from sim.convergence import ConvergenceParams, convergence_table

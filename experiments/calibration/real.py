@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from experiments.calibration_fit import COMMAND, fit_table, holdout_summary, parse_pairs
+from experiments.calibration.fit import COMMAND, fit_table, holdout_summary, parse_pairs
 from experiments.common import atomic_write_text, plain
 from experiments.reports.markdown import overrides_text
 from sim.cluster import ClusterSpec, ProfiledNodeSpec

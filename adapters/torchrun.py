@@ -105,11 +105,14 @@ class DynamixController:
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
-        min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
+        min_batch: per-rank lower limit (scalar or one per rank).
+        max_batch: per-rank upper limit (scalar or one per rank).
+        initial_batch: per-rank first batch (scalar or one per rank).
         lr_rule: adascale | linear | sqrt | none (``sim.scaling``).
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
             values are used. ``None``: the interval's training accuracy and loss stand in.
-        target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        target_accuracy: ``done`` turns true when it is reached (or ``time_budget_s`` is).
+        time_budget_s: ``done`` turns true when it is reached (or ``target_accuracy`` is).
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the

@@ -63,7 +63,8 @@ class ArbitratorClient:
             whichever the bundle reads. The service encodes the job's reports itself; after
             registering, :attr:`schema_version` is the schema it encodes them in.
         timeout_s: deadline of every call.
-        backoff_s, max_backoff_s: first and largest wait after a failure (doubling, jittered).
+        backoff_s: first wait after a failure (doubling, jittered).
+        max_backoff_s: largest wait after a failure.
         ca_file: a PEM root certificate: connect with TLS.
         rng: the generator of the back-off jitter.
         clock: seconds, monotonic.

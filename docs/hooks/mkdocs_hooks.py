@@ -54,11 +54,19 @@ def _modules(package: str) -> list[tuple[str, str]]:
     return out
 
 
+def _nav(package: str, pages: dict[str, str]) -> list:
+    """The nav of ``package``: its own page, then each module, each subpackage as a section."""
+    out: list = [{package: pages[package]}]
+    for module, uri in pages.items():
+        if module.rpartition(".")[0] != package:
+            continue
+        out.append({f"{module}/": _nav(module, pages)} if uri.endswith("/index.md") else {module: uri})
+    return out
+
+
 def on_config(config, **kwargs):
-    """Append the API reference (one entry per module, grouped by package) to the nav."""
-    api = []
-    for package in PACKAGES:
-        api.append({f"{package}/": [{module: uri} for module, uri in _modules(package)]})
+    """Append the API reference (one page per module, a section per package) to the nav."""
+    api = [{f"{package}/": _nav(package, dict(_modules(package)))} for package in PACKAGES]
     config.nav.append({"API reference": api})
     return config
 

@@ -81,7 +81,7 @@ def observation_page() -> str:
             "",
             f"## Schema {version}",
             "",
-            f"{_summary(module)} (`{cls.__module__}`)",
+            f"`{cls.__module__}`: {_summary(module)}",
             "",
             "Per-worker row of the shared policy:",
             "",

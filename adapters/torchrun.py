@@ -109,24 +109,24 @@ class DynamixController:
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
-        min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
+        min_batch: per-rank lower limit (scalar or one per rank).
+        max_batch: per-rank upper limit (scalar or one per rank).
+        initial_batch: per-rank first batch (scalar or one per rank).
         lr_rule: adascale | linear | sqrt | none (``sim.scaling``).
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
             values are used. ``None``: the interval's training accuracy and loss stand in.
-        target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        target_accuracy: ``done`` turns true when it is reached (or ``time_budget_s`` is).
+        time_budget_s: ``done`` turns true when it is reached (or ``target_accuracy`` is).
         metric: the validation metric; a falling one makes the accuracies qualities (examples/torchrun_lm.py).
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the
             others run DDP untouched and only their wall time is taken. Interval means stay
             unbiased and the per-iteration cost drops n-fold.
-        guards: :class:`sim.guards.GuardConfig` (or a mapping of its fields, or a mode name; default
-            on): the ``lr_rule``'s gain capped at ``max_lr_gain`` (2), every learning-rate change
-            ramped over ``lr_ramp_iters`` iterations, and a divergence watchdog on the validation
-            quality and loss that rolls every rank back to its last good in-memory snapshot (model,
-            optimiser, the data position of :meth:`batch_sampler`, the batches and learning rate)
-            and hands the decisions to the fallback for a cool-down. State the training loop keeps
-            itself (its own learning-rate scheduler, AMP scaler) is not rolled back.
+        guards: :class:`sim.guards.GuardConfig`, its fields or a mode name (default: on): the capped,
+            ramped learning rate and the watchdog that rolls every rank back to its last good snapshot
+            (model, optimiser, :meth:`batch_sampler`'s position, batches, rate); state the loop keeps
+            itself (its own scheduler, an AMP scaler) is not rolled back.
     """
 
     def __init__(

@@ -33,7 +33,8 @@ class FaultTimeline:
 
     Args:
         scenario: the run's scenario (validated for the cluster by the caller).
-        gpu_types, node_of_worker: the cluster's workers.
+        gpu_types: the GPU type of each of the cluster's workers.
+        node_of_worker: the node of each of the cluster's workers.
         rng: the fault stream (:meth:`sim.engine.Simulator.reset` spawns it as its first child).
 
     ``time(i)`` is the time of event ``i`` (``inf`` past the last one); ``state(i)`` the cluster

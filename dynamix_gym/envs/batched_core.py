@@ -46,8 +46,14 @@ class BatchedClusters:
         domain: a :class:`~dynamix_gym.envs.randomized.DomainRandomization` (or a mapping of its
             fields): every reset draws the cluster's world from it (``worlds`` must then be None).
         sim_kwargs: passed to every :class:`SimBackend` (``reconfig_delay_s``, ``lr_rule`` ...).
-        reward, interval, action_mode, action_set, max_decisions, window, obs_schema, split: as
-            :class:`HeteroClusterEnv` (``split`` must be ``"policy"``).
+        reward: as :class:`HeteroClusterEnv`.
+        interval: as :class:`HeteroClusterEnv`.
+        action_mode: as :class:`HeteroClusterEnv`.
+        action_set: as :class:`HeteroClusterEnv`.
+        max_decisions: as :class:`HeteroClusterEnv`.
+        window: as :class:`HeteroClusterEnv`.
+        obs_schema: as :class:`HeteroClusterEnv`.
+        split: as :class:`HeteroClusterEnv`; must be ``"policy"``.
         noise: ``"batch"`` (fast) or ``"stream"`` (each cluster's own noise stream: the per-cluster
             env's numbers), see :mod:`sim.batched_noise`.
         noise_seed: seeds the batch's noise stream (``noise="batch"``); default: the first reset's seed.

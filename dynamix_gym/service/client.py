@@ -120,8 +120,8 @@ class ArbitratorClient:
             whichever the bundle reads. The service encodes the job's reports itself; after
             registering, :attr:`schema_version` is the schema it encodes them in.
         timeout_s: deadline of every call, in (0, 60] s.
-        backoff_s, max_backoff_s: first and largest wait after a failure (doubling, jittered),
-            0 < backoff_s <= max_backoff_s <= 3600 s.
+        backoff_s: first wait after a failure (doubling, jittered), 0 < backoff_s <= max_backoff_s.
+        max_backoff_s: largest wait after a failure, at most 3600 s.
         ca_file: a PEM root certificate: connect with TLS.
         allow_without_policy: when the service refuses the job, train on at the current batches
             (logged as an ERROR, every decision counted as made without the policy) instead of

@@ -8,13 +8,15 @@ backend) and only oracles, the hindsight limit and the forest's training read it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
+from sim.protocol import _same
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class PipelineReport:
     sizes: tuple[int, ...]  # blocks per stage
     micro_batches: int  # M
@@ -37,6 +39,14 @@ class PipelineReport:
     samples: int
     events: tuple[str, ...] = ()
     truth: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Field-by-field equality (arrays elementwise, ``truth`` key by key)."""
+        if not isinstance(other, PipelineReport):
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def num_stages(self) -> int:

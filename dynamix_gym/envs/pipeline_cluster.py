@@ -130,7 +130,9 @@ class PipelineClusterEnv(gym.Env):
     ## Arguments
     ``cluster``, ``model``, ``scenario``, ``stages``, ``schedule`` (as
     :class:`~sim.pipeline.simulator.PipelineSimulator`), ``world`` (a :data:`WorldFn` replacing them
-    per episode), ``interval`` (K), ``max_stages``, ``micro_batch_set``, ``target_quality`` (None:
+    per episode), ``interval`` (K, iterations per step; with ``interval_s`` the most), ``interval_s``
+    (seconds a step should last: K follows the last measured iteration time; None: always K),
+    ``max_stages``, ``micro_batch_set``, ``target_quality`` (None:
     the workload's), ``time_budget_s``, ``max_decisions``, ``reward`` (kind ``time`` only),
     ``simulator_kwargs``.
 
@@ -150,6 +152,7 @@ class PipelineClusterEnv(gym.Env):
         schedule: str = "1f1b",
         world: WorldFn | None = None,
         interval: int = 50,
+        interval_s: float | None = 30.0,
         max_stages: int = 8,
         micro_batch_set: Sequence[int] = (4, 8, 16, 32),
         target_quality: float | None = 0.8,
@@ -167,6 +170,11 @@ class PipelineClusterEnv(gym.Env):
         )
         self.schedule = schedule
         self.interval = int(interval)
+        if self.interval < 1:
+            raise ValueError(f"interval must be >= 1 iterations, got {interval}")
+        if interval_s is not None and not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0 seconds or None, got {interval_s}")
+        self.interval_s = interval_s
         self.max_stages = int(max_stages)
         if self.max_stages < 2:
             raise ValueError(f"max_stages must be >= 2, got {max_stages}")
@@ -197,10 +205,18 @@ class PipelineClusterEnv(gym.Env):
             )
         return sim
 
+    def simulator_for(self, seed: int | None, stages: int | None = None) -> PipelineSimulator:
+        """The simulator ``reset(seed=seed)`` would build (the world is drawn from the seed alone), not
+        reset: planners read its model, placement and quiet-cluster times before the run starts."""
+        world_rng = np.random.default_rng(seed).spawn(2)[0] if self.world is not None else None
+        return self._build(world_rng, stages)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         options = dict(options or {})
-        world_rng, sim_rng = self.np_random.spawn(2)
+        world_rng, sim_rng = (
+            np.random.default_rng(seed).spawn(2) if seed is not None else self.np_random.spawn(2)
+        )
         self.sim = self._build(world_rng, options.get("stages"))
         self.sim.reset(rng=sim_rng)
         n = self.sim.model.num_blocks
@@ -220,7 +236,7 @@ class PipelineClusterEnv(gym.Env):
         if self.sim is None:
             raise RuntimeError("PipelineClusterEnv.step() called before reset()")
         sizes, m, refused = self.decode(action)
-        report = self.sim.run_interval(sizes, m, self.interval)
+        report = self.sim.run_interval(sizes, m, self.iterations_next())
         self.sizes, self.micro_batches, self._report = sizes, m, report
         self.decisions += 1
         terminated = bool(report.val_accuracy >= self.target)
@@ -232,6 +248,14 @@ class PipelineClusterEnv(gym.Env):
         info["reward_terms"] = terms
         info["refused"] = refused
         return self._obs(report), reward, terminated, truncated, info
+
+    def iterations_next(self) -> int:
+        """K of the next interval: ``interval``, or with ``interval_s`` the iterations that last
+        about ``interval_s`` at the last measured iteration time, within [1, ``interval``]."""
+        if self.interval_s is None:
+            return self.interval
+        k = int(self.interval_s / max(self._report.iteration_time_s, 1e-9))
+        return max(1, min(self.interval, k))
 
     # --- actions -----------------------------------------------------------------------------------
     def decode(self, action) -> tuple[tuple[int, ...], int, list[tuple[int, int]]]:

@@ -174,10 +174,17 @@ class PipelineSimulator:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """Noise-free (compute f, compute b, send f, send b, all-reduce) per stage at a fault state
         (default: the current one). Stages without a live worker get ``inf``."""
-        st = self._state
-        slow = st.gpu_slowdown if slowdown is None else slowdown
-        alive = st.alive if alive is None else alive
-        bw = st.bandwidth_factor if bandwidth_factor is None else bandwidth_factor
+        if slowdown is None or alive is None or bandwidth_factor is None:
+            if self._env is None:
+                raise RuntimeError(
+                    "stage_times() of the current state needs reset() first (or pass the state)"
+                )
+            st = self._state
+            slowdown = st.gpu_slowdown if slowdown is None else slowdown
+            alive = st.alive if alive is None else alive
+            bandwidth_factor = st.bandwidth_factor if bandwidth_factor is None else bandwidth_factor
+        slow, bw = np.asarray(slowdown, dtype=np.float64), float(bandwidth_factor)
+        alive = np.asarray(alive, dtype=bool)
         key = (tuple(sizes), micro_batches, slow.tobytes(), alive.tobytes(), bw)
         hit = self._times.get(key)
         if hit is not None:

@@ -6,6 +6,10 @@ Prints a table and writes ``results/bench/sim.json`` ({"K": .., "intervals_per_s
 The target is >= 2,000 intervals/s at 8 workers and K = 50, with cost per interval growing no
 worse than linearly in the number of workers (the ``cost_ratio_vs_linear`` column: cost per
 worker-iteration relative to the smallest cluster; <= 1 means sub-linear growth).
+
+The pipeline row (``result["pipeline"]``): an interval of the pipeline mode (:mod:`sim.pipeline`,
+8 stages x 16 micro-batches, 1F1B, K iterations, a generated 32-block model) against a
+data-parallel interval of 8 workers measured right after it; target: at most 2x its cost.
 """
 
 from __future__ import annotations
@@ -53,6 +57,27 @@ def measure(workers: int, scenario: str, workload: str, iterations: int, seconds
     }
 
 
+def measure_pipeline(scenario: str, iterations: int, seconds: float, seed: int) -> dict:
+    from sim.pipeline.model import ModelShape, generate_model
+    from sim.pipeline.simulator import PipelineSimulator
+
+    model = generate_model(np.random.default_rng(seed), ModelShape(num_blocks=(32, 32)))
+    sim = PipelineSimulator(default_cluster(8), model, scenario, stages=8, seed=seed)
+    sim.reset()
+    sizes = sim.default_sizes()
+    for _ in range(20):
+        sim.run_interval(sizes, 16, iterations)
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            sim.run_interval(sizes, 16, iterations)
+        count += 20
+    pipe_us = 1e6 * (time.perf_counter() - t0) / count
+    dp_us = measure(8, scenario, "cifar10", iterations, seconds, seed)["us_per_interval"]
+    return {"stages": 8, "micro_batches": 16, "scenario": scenario, "us_per_interval": pipe_us,
+            "dp_8_workers_us_per_interval": dp_us, "cost_vs_dp": pipe_us / dp_us, "target_cost_vs_dp": 2.0}  # fmt: skip
+
+
 def run(cfg: DictConfig) -> dict:
     rows = []
     for scenario in cfg.scenarios:
@@ -92,7 +117,14 @@ def run(cfg: DictConfig) -> dict:
         "rows": rows,
         "target": {"workers": 8, "intervals_per_s": 2000},
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "pipeline": [
+            measure_pipeline(sc, int(cfg.iterations), float(cfg.seconds), int(cfg.seed))
+            for sc in cfg.scenarios
+        ],
     }
+    for p in result["pipeline"]:
+        print(f"pipeline {p['scenario']}: 8 stages x 16 micro-batches {p['us_per_interval']:.0f} us/interval, "
+              f"{p['cost_vs_dp']:.2f}x a data-parallel interval of 8 workers (target <= 2)")  # fmt: skip
     out = Path(to_absolute_path(cfg.out))
     atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")

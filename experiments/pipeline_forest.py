@@ -82,8 +82,8 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     truly, said = yh > thr, pred > thr
     meta = {
         "features": list(FEATURES),
-        "rows_train": int(len(yt)),
-        "rows_holdout": int(len(yh)),
+        "rows_train": len(yt),
+        "rows_holdout": len(yh),
         "episodes": len(episodes),
         "holdout_r2": 1.0 - float(((yh - pred) ** 2).sum()) / ss if ss > 0 else float("nan"),
         "holdout_mae": float(np.abs(yh - pred).mean()),

@@ -118,7 +118,8 @@ class PipelineClusterEnv(gym.Env):
     ``target_bonus`` when the target is reached; an episode's return is minus its wall time.
 
     ## Starting State
-    ``reset(seed=, options=)``: a new run (for a ``world`` maker, a new world drawn from the seed);
+    ``reset(seed=, options=)``: a new run (for a ``world`` maker, a new world drawn from the seed;
+    without a seed, the episode's seed is drawn from the env's generator);
     options ``stages`` (S, dividing the workers), ``sizes`` (the starting partition; default the
     even split by block count) and ``micro_batches`` (default ``micro_batch_set``'s middle value).
     The first interval runs on that plan; its report is ``info["report"]``.
@@ -134,7 +135,8 @@ class PipelineClusterEnv(gym.Env):
     (seconds a step should last: K follows the last measured iteration time; None: always K),
     ``max_stages``, ``micro_batch_set``, ``target_quality`` (None:
     the workload's), ``time_budget_s``, ``max_decisions``, ``reward`` (kind ``time`` only),
-    ``simulator_kwargs``.
+    ``simulator_kwargs``, ``start_planner`` (``(env, seed) -> options`` for a reset given none: a
+    learner's episodes start from a planner's plan).
 
     ## Version History
     * v0: initial version.
@@ -160,6 +162,7 @@ class PipelineClusterEnv(gym.Env):
         max_decisions: int = 2000,
         reward: str | dict | RewardConfig = "time",
         simulator_kwargs: dict[str, Any] | None = None,
+        start_planner: Callable[[Any, int], dict[str, Any]] | None = None,
     ) -> None:
         self.reward_cfg = RewardConfig.from_any(reward)
         if self.reward_cfg.kind != "time":
@@ -185,6 +188,7 @@ class PipelineClusterEnv(gym.Env):
         self.time_budget_s = float(time_budget_s)
         self.max_decisions = int(max_decisions)
         self.simulator_kwargs = dict(simulator_kwargs or {})
+        self.start_planner = start_planner
         n_obs = self.max_stages * len(STAGE_FEATURES) + (self.max_stages - 1) + len(GLOBAL_FEATURES)
         self.observation_space = spaces.Box(-1.0, 1.0, (n_obs,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete([3] * (self.max_stages - 1) + [len(self.micro_batch_set)])
@@ -208,15 +212,17 @@ class PipelineClusterEnv(gym.Env):
     def simulator_for(self, seed: int | None, stages: int | None = None) -> PipelineSimulator:
         """The simulator ``reset(seed=seed)`` would build (the world is drawn from the seed alone), not
         reset: planners read its model, placement and quiet-cluster times before the run starts."""
-        world_rng = np.random.default_rng(seed).spawn(2)[0] if self.world is not None else None
+        world_rng = np.random.default_rng(seed).spawn(2)[0]
         return self._build(world_rng, stages)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        # the episode's seed draws the world and the run (a learner's reset without one: from np_random)
+        self.episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
+        if options is None and self.start_planner is not None:
+            options = self.start_planner(self, self.episode_seed)
         options = dict(options or {})
-        world_rng, sim_rng = (
-            np.random.default_rng(seed).spawn(2) if seed is not None else self.np_random.spawn(2)
-        )
+        world_rng, sim_rng = np.random.default_rng(self.episode_seed).spawn(2)
         self.sim = self._build(world_rng, options.get("stages"))
         self.sim.reset(rng=sim_rng)
         n = self.sim.model.num_blocks

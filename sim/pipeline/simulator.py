@@ -274,7 +274,10 @@ class PipelineSimulator:
         self._check_stages(sizes)
         M = check_int("micro_batches", micro_batches, 1, 4096)
         K = check_int("iterations", iterations, 1, 1_000_000)
-        mem = self.memory_check(sizes, M)
+        key = ("memory", sizes, M)
+        mem = self._times.get(key)
+        if mem is None:
+            mem = self._times[key] = self.memory_check(sizes, M)
         rng, st, sc, conv, S = self._rng, self._state, self.scenario, self.convergence, self.num_stages
         eps = np.exp(sc.compute_noise_cv * rng.standard_normal((K, S)) - 0.5 * sc.compute_noise_cv**2)
         cv = sc.network.bandwidth_cv

@@ -39,6 +39,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("experiments.serve", "the arbitrator service: PPO bundles over gRPC"),
     "demo": ("experiments.demo", "`make demo`: pretrain, evaluate beside the baselines, tabulate"),
     "elastic": ("experiments.elastic", "time and dollars to accuracy on an elastic spot pool"),
+    "pipeline": (
+        "experiments.pipeline",
+        "pipeline parallelism: rivals, policy and hindsight limit on the pipeline split",
+    ),
+    "pipeline_train": ("experiments.pipeline_train", "train the pipeline policy (MaskablePPO)"),
+    "pipeline_forest": ("experiments.pipeline_forest", "fit DynPipe's stage slowdown forest"),
 }
 
 

@@ -1,6 +1,6 @@
 """The pipeline bench row: rivals, an optional policy and the hindsight limit on held-out worlds.
 
-    python -m experiments.pipeline_bench                   # conf/pipeline_bench.yaml
+    python -m experiments.pipeline                   # conf/pipeline.yaml
 
 Per scenario and test-split seed (the world and its faults are drawn from the seed), every
 controller runs one episode of ``dynamix/PipelineCluster-v0`` and the hindsight limit replays the
@@ -109,7 +109,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="pipeline_bench")
+@hydra.main(version_base=None, config_path="../conf", config_name="pipeline")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

@@ -83,10 +83,9 @@ class PipelineClusterEnv(gym.Env):
 
     ## Observation Space
     ``Box(-1, 1, (max_stages * 11 + (max_stages - 1) + 10,), float32)``: per stage (padded
-    stages all -1) the 11 features below, then the link throughput of the S - 1 boundaries is part
-    of each stage's ``link_mbps``; then the ``max_stages - 1`` boundary positions
-    (``bounds[i + 1] / num_blocks`` on [-1, 1]); then 10 globals. Each raw value is clipped to its
-    range and mapped linearly onto [-1, 1].
+    stages all -1) the 11 features below (``link_mbps``: the boundary after the stage; 0 for the
+    last), then the ``max_stages - 1`` boundary positions, then 10 globals. Each raw value is
+    clipped to its range and mapped linearly onto [-1, 1].
 
     | index | name | unit | raw range | description |
     |---|---|---|---|---|

@@ -115,3 +115,25 @@ def test_hindsight_limit_is_never_beaten_by_its_rivals():
         for c in [*rivals, TruthReplanController(0.1)]:
             assert lim["time_to_target_s"] <= run_pipeline_episode(env, c, seed)["time_to_target_s"]
         assert math.isfinite(lim["time_to_target_s"])
+
+
+def test_stage_features_read_a_throttle_off_the_counters():
+    from dynamix_gym.pipeline.forest import StageFeatures
+
+    model = generate_model(np.random.default_rng(4), ModelShape(num_blocks=(12, 12)))
+    window = FaultWindow("throttle", start_s=0.0, duration_s=1e6, worker=2, factor=0.5)
+    sim = PipelineSimulator(
+        homogeneous_cluster("V100", 4), model, dataclasses.replace(QUIET, windows=(window,))
+    )
+    sim.reset(seed=0)
+    feats = StageFeatures(profile(sim))
+    x = feats.update(sim.run_interval(even_split(12, 4), 8, 3))
+    np.testing.assert_allclose(x[:, 0], [0.0, 0.0, 1.0, 0.0], atol=1e-9)  # log2 of the slow-down
+
+
+def test_shipped_forest_drives_dynpipe_through_an_episode():
+    from dynamix_gym.pipeline.worlds import task_seeds, world_fn
+
+    env = PipelineClusterEnv(world=world_fn("test", "interference"), interval=100, max_decisions=40)
+    row = run_pipeline_episode(env, DynPipeController(), task_seeds("test", 1)[0])
+    assert row["decisions"] > 0 and row["controller"] == "dynpipe"

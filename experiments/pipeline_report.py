@@ -1,0 +1,79 @@
+"""The pipeline bench's report: a table and a figure from ``results/pipeline/bench.json``.
+
+    python -m experiments.pipeline_report [results/pipeline/bench.json]
+
+Writes ``bench.md`` (per scenario, the geometric mean of each controller's time to the target over
+the limit's, and the tasks each reached) and ``bench.png`` (the same as bars) beside the JSON.
+Every figure is computed from the saved rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from experiments.common import REPO_ROOT
+
+ORDER = ("even", "pipedream", "dynpipe", "policy", "hindsight_limit")
+
+
+def table(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str], tuple[float, int, int]]]:
+    """(scenarios, controllers, {(scenario, controller): (geo-mean TTA / limit, reached, tasks)})."""
+    by: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        t = r["time_to_target_s"]
+        by.setdefault((r["scenario"], r["seed"]), {})[r["controller"]] = math.inf if t is None else float(t)
+    scenarios = sorted({k[0] for k in by})
+    ctrls = [c for c in ORDER if any(c in t for t in by.values())]
+    cells = {}
+    for sc in scenarios:
+        tasks = [t for (s, _), t in by.items() if s == sc]
+        for c in ctrls:
+            ratios = [
+                t[c] / t["hindsight_limit"]
+                for t in tasks
+                if c in t and math.isfinite(t.get("hindsight_limit", math.inf))
+            ]
+            finite = [x for x in ratios if math.isfinite(x)]
+            geo = (
+                float(np.exp(np.mean(np.log(finite)))) if finite and len(finite) == len(ratios) else math.nan
+            )
+            cells[(sc, c)] = (geo, sum(math.isfinite(t.get(c, math.inf)) for t in tasks), len(tasks))
+    return scenarios, ctrls, cells
+
+
+def render(path: Path) -> None:
+    data = json.loads(path.read_text())
+    scenarios, ctrls, cells = table(data["rows"])
+    lines = ["| scenario | " + " | ".join(ctrls) + " |", "|---|" + "---|" * len(ctrls)]
+    for sc in scenarios:
+        vals = []
+        for c in ctrls:
+            geo, reached, n = cells[(sc, c)]
+            vals.append(f"{geo:.3f} ({reached}/{n})" if math.isfinite(geo) else f"n/a ({reached}/{n})")
+        lines.append(f"| {sc} | " + " | ".join(vals) + " |")
+    note = ("Geometric mean over the scenario's test tasks of time to the target over the hindsight limit's "
+            "(1 = the limit); in brackets the tasks that reached the target. n/a: a controller missed the "
+            "target on some task (its ratio is unbounded there).")  # fmt: skip
+    (path.parent / "bench.md").write_text("\n".join(lines) + "\n\n" + note + "\n")
+    fig = Figure(figsize=(8, 3.5))
+    ax = fig.subplots()
+    w = 0.8 / max(len(ctrls), 1)
+    for i, c in enumerate(ctrls):
+        ys = [cells[(sc, c)][0] for sc in scenarios]
+        ax.bar(np.arange(len(scenarios)) + i * w, [y if math.isfinite(y) else 0 for y in ys], w, label=c)
+    ax.set_xticks(np.arange(len(scenarios)) + 0.4 - w / 2, scenarios)
+    ax.set_ylabel("time to target / limit (geo. mean)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path.parent / "bench.png", dpi=120)
+
+
+if __name__ == "__main__":
+    render(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / "results" / "pipeline" / "bench.json")

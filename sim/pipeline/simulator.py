@@ -28,14 +28,17 @@ M * mb (:mod:`sim.convergence`); async 1F1B one update per micro-batch at mb, ea
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 import simpy
 
 from sim.cluster import ClusterSpec, get_cluster
 from sim.convergence import ConvergenceModel, convergence_params
+from sim.datafiles import data_path
 from sim.engine import validation_sd
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import GPU_MEMORY_GIB
@@ -56,9 +59,17 @@ from sim.pipeline.staleness import DEFAULT_KAPPA, staleness_penalty
 from sim.scaling import advance
 from sim.validation import check_choice, check_int, check_range
 
-#: Fixed pause of a re-partition (stop at a step boundary, save, re-split, restart), seconds. A
-#: default until the real backend's measurement (dynamix/RealPipeline-v0) replaces it.
-DEFAULT_REPARTITION_PAUSE_S = 5.0
+#: Measured pause of a real re-partition (``python -m experiments.pipeline_pause``: two CPU gloo
+#: stage ranks stopped at a step boundary, each block's state saved by name, re-split, restarted).
+PAUSE_FILE = "pipeline_pause.json"
+
+
+@cache
+def measured_repartition_pause_s() -> float:
+    """The median pause of the shipped measurement (``sim/data/pipeline_pause.json``)."""
+    return float(json.loads(data_path(PAUSE_FILE).read_text())["repartition_pause_s"])
+
+
 _CACHE_LIMIT = 256
 
 
@@ -73,7 +84,8 @@ class PipelineSimulator:
         schedule: one of :data:`~sim.pipeline.schedule.SCHEDULES`.
         seed: seeds :meth:`reset` when it gets neither seed nor generator.
         staleness_kappa: kappa of :func:`~sim.pipeline.staleness.staleness_penalty`.
-        repartition_pause_s: the fixed part of a re-partition's cost.
+        repartition_pause_s: the fixed part of a re-partition's cost (``None``: the measured one,
+            :func:`measured_repartition_pause_s`).
         memory_gib: per worker device memory (``None``: the GPU type's, ``sim.hardware.GPU_MEMORY_GIB``).
     """
 
@@ -87,7 +99,7 @@ class PipelineSimulator:
         schedule: str = "1f1b",
         seed: int | None = None,
         staleness_kappa: float = DEFAULT_KAPPA,
-        repartition_pause_s: float = DEFAULT_REPARTITION_PAUSE_S,
+        repartition_pause_s: float | None = None,
         memory_gib: Sequence[float] | None = None,
     ) -> None:
         self.cluster = get_cluster(cluster)
@@ -101,6 +113,8 @@ class PipelineSimulator:
         self.seed = seed
         self.kappa = check_range("staleness_kappa", staleness_kappa, 0.0, 10.0)
         self.phi = staleness_penalty(self.num_stages, self.kappa) if schedule == "async_1f1b" else 1.0
+        if repartition_pause_s is None:
+            repartition_pause_s = measured_repartition_pause_s()
         self.repartition_pause_s = check_range("repartition_pause_s", repartition_pause_s, 0.0, 1e5)
         self.gpu_types = self.cluster.gpu_types
         self.node_of_worker = self.cluster.node_of_worker

@@ -1,10 +1,12 @@
 """The pipeline bench's report: a table and a figure from ``results/pipeline/bench.json``.
 
-    python -m experiments.pipeline_report [results/pipeline/bench.json]
+    python -m experiments.pipeline_report [results/pipeline/bench.json [more rows.json ...]]
 
 Writes ``bench.md`` (per scenario, the geometric mean of each controller's time to the target over
-the limit's, and the tasks each reached) and ``bench.png`` (the same as bars) beside the JSON.
-Every figure is computed from the saved rows.
+the limit's, and the tasks each reached; then the done-means ratios over the tasks every side
+reached) and ``bench.png`` (the same as bars) beside the first JSON. Rows of further files (e.g.
+the policy's own run, ``bench_policy.json``) join by scenario and seed. Every figure is computed
+from the saved rows.
 """
 
 from __future__ import annotations
@@ -47,9 +49,29 @@ def table(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str],
     return scenarios, ctrls, cells
 
 
-def render(path: Path) -> None:
+def pair_ratios(rows: list[dict], a: str, b: str, scenarios: set[str] | None = None) -> dict[str, float]:
+    """Geometric mean and max of TTA(a) / TTA(b) over the tasks both reached, and how many."""
+    by: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        t = r["time_to_target_s"]
+        by.setdefault((r["scenario"], r["seed"]), {})[r["controller"]] = math.inf if t is None else float(t)
+    vals = [t[a] / t[b] for (sc, _), t in by.items() if a in t and b in t and (scenarios is None or sc in scenarios)
+            and math.isfinite(t[a]) and math.isfinite(t[b])]  # fmt: skip
+    both = [t for (sc, _), t in by.items() if a in t and b in t and (scenarios is None or sc in scenarios)]
+    return {
+        "geo_mean": float(np.exp(np.mean(np.log(vals)))) if vals else math.nan,
+        "max": max(vals) if vals else math.nan,
+        "tasks_both_reached": len(vals),
+        "tasks": len(both),
+    }
+
+
+def render(path: Path, extra: list[Path] = ()) -> None:
     data = json.loads(path.read_text())
-    scenarios, ctrls, cells = table(data["rows"])
+    rows = list(data["rows"])
+    for e in extra:
+        rows += json.loads(Path(e).read_text())["rows"]
+    scenarios, ctrls, cells = table(rows)
     lines = ["| scenario | " + " | ".join(ctrls) + " |", "|---|" + "---|" * len(ctrls)]
     for sc in scenarios:
         vals = []
@@ -60,7 +82,32 @@ def render(path: Path) -> None:
     note = ("Geometric mean over the scenario's test tasks of time to the target over the hindsight limit's "
             "(1 = the limit); in brackets the tasks that reached the target. n/a: a controller missed the "
             "target on some task (its ratio is unbounded there).")  # fmt: skip
-    (path.parent / "bench.md").write_text("\n".join(lines) + "\n\n" + note + "\n")
+    checks = [
+        ("even", "dynpipe", {"interference"}),
+        ("even", "dynpipe", None),
+        ("dynpipe", "pipedream", None),
+    ]
+    if "policy" in ctrls:
+        checks += [("policy", "dynpipe", None), ("policy", "hindsight_limit", None)]
+    lines += ["", note, "", "| ratio of times to the target | scenarios | geometric mean | max | tasks both reached |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for a, b, scs in checks:
+        r = pair_ratios(rows, a, b, scs)
+        lines.append(f"| {a} / {b} | {'all' if scs is None else ', '.join(sorted(scs))} | {r['geo_mean']:.3f} | "
+                     f"{r['max']:.3f} | {r['tasks_both_reached']} of {r['tasks']} |")  # fmt: skip
+    beaten = [
+        f"{r['controller']} on {r['scenario']} seed {r['seed']}"
+        for r in rows
+        if r["controller"] != "hindsight_limit"
+        and r["time_to_target_s"] is not None
+        and any(
+            q["controller"] == "hindsight_limit" and q["scenario"] == r["scenario"] and q["seed"] == r["seed"]
+            and (q["time_to_target_s"] is None or r["time_to_target_s"] < q["time_to_target_s"] - 1e-6)
+            for q in rows
+        )
+    ]  # fmt: skip
+    lines += ["", f"Hindsight limit beaten on: {', '.join(beaten) if beaten else 'no task'}."]
+    (path.parent / "bench.md").write_text("\n".join(lines) + "\n")
     fig = Figure(figsize=(8, 3.5))
     ax = fig.subplots()
     w = 0.8 / max(len(ctrls), 1)
@@ -76,4 +123,5 @@ def render(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    render(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / "results" / "pipeline" / "bench.json")
+    args = [Path(a) for a in sys.argv[1:]] or [REPO_ROOT / "results" / "pipeline" / "bench.json"]
+    render(args[0], args[1:])

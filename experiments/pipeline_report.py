@@ -42,10 +42,13 @@ def table(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str],
                 if c in t and math.isfinite(t.get("hindsight_limit", math.inf))
             ]
             finite = [x for x in ratios if math.isfinite(x)]
-            geo = (
-                float(np.exp(np.mean(np.log(finite)))) if finite and len(finite) == len(ratios) else math.nan
+            geo = float(np.exp(np.mean(np.log(finite)))) if finite else math.nan  # the tasks it reached
+            limit_reached = [t for t in tasks if math.isfinite(t.get("hindsight_limit", math.inf))]
+            cells[(sc, c)] = (
+                geo,
+                sum(math.isfinite(t.get(c, math.inf)) for t in limit_reached),
+                len(limit_reached),
             )
-            cells[(sc, c)] = (geo, sum(math.isfinite(t.get(c, math.inf)) for t in tasks), len(tasks))
     return scenarios, ctrls, cells
 
 
@@ -79,9 +82,9 @@ def render(path: Path, extra: list[Path] = ()) -> None:
             geo, reached, n = cells[(sc, c)]
             vals.append(f"{geo:.3f} ({reached}/{n})" if math.isfinite(geo) else f"n/a ({reached}/{n})")
         lines.append(f"| {sc} | " + " | ".join(vals) + " |")
-    note = ("Geometric mean over the scenario's test tasks of time to the target over the hindsight limit's "
-            "(1 = the limit); in brackets the tasks that reached the target. n/a: a controller missed the "
-            "target on some task (its ratio is unbounded there).")  # fmt: skip
+    note = ("Geometric mean, over the scenario's test tasks the controller reached the target on, of its time "
+            "to the target over the hindsight limit's (1 = the limit); in brackets the tasks it reached of those "
+            "the limit reached (a miss is not in the mean: read the two together).")  # fmt: skip
     checks = [
         ("even", "dynpipe", {"interference"}),
         ("even", "dynpipe", None),

@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-slow demo lint bench clean
+.PHONY: setup test test-unit test-slow demo lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +42,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m experiments.bench_sim
 
+# The docs extra (MkDocs, Material, mkdocstrings) on top of the project's install (torch pinned first).
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
+	touch $(DOCS_STAMP)
+
+# The site in site/ (mkdocs.yml); strict: a broken link or anchor, a page left out of the nav or a
+# docstring mkdocstrings cannot read fails the build.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun
+	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun site

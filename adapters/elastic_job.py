@@ -4,7 +4,7 @@ actions and rewards, unchanged) drives real training whose world size follows th
 
     python -m experiments.elastic_policy_real      # controllers and a learned bundle on real ranks
 
-The pool (``conf/pool/cpu_local.yaml``) names a calibrated profile whose worker type its slots are:
+The pool (``sim/data/pool/cpu_local.yaml``) names a calibrated profile whose worker type its slots are:
 the simulator runs the same pool through that profile, so a policy trained there meets the same
 slots, offers and prices here. Every slot the job holds is one rank, in slot order; a change of the
 held set re-forms the group from the last checkpoint (:meth:`ElasticDDPBackend.resize`, measured);
@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from adapters.config import RealDDPConfig, real_config_of
-from adapters.ddp_backend import NUM_CLASSES
 from adapters.elastic import ElasticDDPBackend
 from dynamix_gym.elastic.pools import get_pool
 from sim.elastic import LR_RANGE, PoolEvent, PoolLedger, check_deltas, initial_held, pick_slots
@@ -243,7 +242,7 @@ class RealElasticBackend:
     """``dynamix/ElasticCluster-v0``'s backend over real ranks of ``pool``'s slots.
 
     Args:
-        pool: a pool name (``conf/pool``), mapping or :class:`PoolSpec` naming a calibrated profile
+        pool: a pool name (``sim/data/pool``), mapping or :class:`PoolSpec` naming a calibrated profile
             measured on the real backend (default ``cpu_local``).
         config: the ranks' :class:`RealDDPConfig` (default: the one the profile was measured on).
         checkpoint_dir: where the episodes' checkpoints go (default: a temporary folder removed by
@@ -281,11 +280,12 @@ class RealElasticBackend:
             max_batch=full(config.max_batch),
             initial_batch=full(config.initial_batch or config.base_batch),
             base_batch=int(config.base_batch),
-            target_accuracy=float(config.target_accuracy),
+            target_accuracy=config.target_quality,
             time_budget_s=float(config.time_budget_s),
-            num_classes=NUM_CLASSES,
+            num_classes=config.task.num_classes,
             workload=profile.workload.name if profile is not None else f"{config.model}/{config.dataset}",
             deterministic=False,
+            metric=config.task.metric,
             lr_rule=config.lr_rule,
         )
         # throughput_max of the scheduler reward: the calibrated model of the slots (a profile), else 0.

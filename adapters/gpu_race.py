@@ -38,7 +38,7 @@ from sim.faults import FaultWindow, Scenario
 from sim.hardware import ComputeModel, compute_params
 from sim.profile import ClusterProfile, load_profile, write_profile
 
-CONTROLLERS = [  # entries as in conf/fidelity.yaml (experiments.sim2real.parse_controller)
+CONTROLLERS = [  # entries as in conf/fidelity.yaml (adapters.sim2real.parse_controller)
     {"static": {"batch": 32}},
     {"static": {"batch": 128}},
     {"dlb": {"global_batch": None}},
@@ -141,8 +141,8 @@ def race(
 
     ``device="cpu"`` runs the same race on CPU ranks (a check of the plumbing, not a GPU result).
     """
+    from adapters.sim2real import RealEnvs, controller_specs, run_one, sim_env, spec_controller
     from dynamix_gym.measurement.compare import ranking, tta_table
-    from experiments.sim2real import RealEnvs, controller_specs, run_one, sim_env, spec_controller
 
     t_end = time.monotonic() + budget_s
     conv = load_profile(convergence_profile)

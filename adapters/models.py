@@ -1,4 +1,5 @@
-"""Models for the real adapter: a small CNN for CPU runs and ResNet-18 for GPU runs.
+"""Models for the real adapter: a small CNN for CPU runs, ResNet-18 for GPU runs, and a small
+causal transformer for next-byte prediction (the ``pystdlib`` data set).
 
 No model here uses BatchNorm by default: with uneven local batches, per-rank batch statistics make
 the averaged gradient differ from the global-batch gradient. The CNN has no normalisation and
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODELS = ("cnn", "mlp", "resnet18")
+MODELS = ("cnn", "mlp", "resnet18", "transformer")
 NORMS = ("group", "syncbatch", "none")
 
 
@@ -78,14 +79,63 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
 
 
+class ByteTransformer(nn.Module):
+    """A causal (decoder-only) transformer over bytes: embedding + learned positions, ``layers``
+    pre-norm ``nn.TransformerEncoderLayer`` blocks under a causal mask, a final LayerNorm and a
+    linear head to the vocabulary. No dropout (a deterministic step).
+
+    The defaults (d_model 96, 4 heads, 2 layers, feed-forward 384, 64 positions, 256 bytes) give
+    279,424 parameters; logits have shape ``(batch, positions, vocab)``.
+    """
+
+    def __init__(
+        self, vocab: int, context: int, d_model: int = 96, heads: int = 4, layers: int = 2, ff_mult: int = 4
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.zeros(context, d_model))
+        nn.init.normal_(self.pos, std=0.02)
+        block = nn.TransformerEncoderLayer(
+            d_model,
+            heads,
+            ff_mult * d_model,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+        self.register_buffer(
+            "causal", nn.Transformer.generate_square_subsequent_mask(context), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.embed(x) + self.pos[:n]
+        h = self.blocks(h, mask=self.causal[:n, :n], is_causal=True)
+        return self.head(self.norm(h))
+
+
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, *, norm: str = "group"
 ) -> nn.Module:
-    """A fresh model (initialised from torch's current RNG state: seed it first)."""
+    """A fresh model (initialised from torch's current RNG state: seed it first).
+
+    For ``transformer``, ``input_shape`` is ``(context,)`` and ``num_classes`` the vocabulary."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {list(MODELS)}")
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {list(NORMS)}")
+    if name == "transformer":
+        if len(input_shape) != 1:
+            raise ValueError(
+                f"model 'transformer' reads byte sequences (input shape (context,)), got {input_shape}"
+            )
+        return ByteTransformer(num_classes, int(input_shape[0]))
+    if name in ("cnn", "resnet18") and len(input_shape) != 3:
+        raise ValueError(f"model {name!r} reads images (input shape (C, H, W)), got {input_shape}")
     c = input_shape[0]
     if name == "cnn":
         return SmallCNN(c, num_classes)

@@ -53,6 +53,7 @@ from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import lr_gain
+from sim.workloads import ACCURACY, QualityMetric
 
 log = logging.getLogger(__name__)
 
@@ -98,30 +99,34 @@ class DynamixController:
             be skipped on some ranks.
         policy: a controller object, a baseline name or a PPO bundle path (used on rank 0 only).
         arbitrator: ``host:port`` of an arbitrator service (``python -m experiments.serve``) to ask
-            instead of an in-process policy; when it is slow or down the job keeps its batches
-            (:class:`dynamix_gym.service.client.RemoteController`). ``token`` (else ``token_file``,
-            else ``$DYNAMIX_ARBITRATOR_TOKEN``) authenticates; ``arbitrator_kwargs`` go to the client
-            (job_id, timeout_s, backoff_s, ca_file, task, bundle).
+            instead of an in-process policy; when it is slow or down the job keeps its batches and
+            rank 0 warns (:class:`dynamix_gym.service.client.RemoteController`); when it refuses the
+            job (wrong token, unknown bundle) rank 0 raises the cause, unless
+            ``arbitrator_kwargs["allow_without_policy"]``. ``token`` (else ``token_file``, else
+            ``$DYNAMIX_ARBITRATOR_TOKEN``) authenticates; ``arbitrator_kwargs`` go to the client
+            (job_id, timeout_s, backoff_s, ca_file, task, bundle, allow_without_policy).
+            :attr:`decisions_without_policy` counts the decisions made without it.
         policy_kwargs: arguments of the baseline named by ``policy``.
         interval: K, iterations per decision.
         base_batch: M0; ``base_lr`` (default: the optimiser's current lr) is the lr at M0.
-        min_batch, max_batch, initial_batch: per-rank limits (scalar or one per rank).
+        min_batch: per-rank lower limit (scalar or one per rank).
+        max_batch: per-rank upper limit (scalar or one per rank).
+        initial_batch: per-rank first batch (scalar or one per rank).
         lr_rule: adascale | linear | sqrt | none (``sim.scaling``).
         evaluate: called on every rank at each decision, returns (val_accuracy, val_loss); rank 0's
             values are used. ``None``: the interval's training accuracy and loss stand in.
-        target_accuracy, time_budget_s: ``done`` turns true when either is reached.
+        target_accuracy: ``done`` turns true when it is reached (or ``time_budget_s`` is).
+        time_budget_s: ``done`` turns true when it is reached (or ``target_accuracy`` is).
+        metric: the validation metric; a falling one makes the accuracies qualities (examples/torchrun_lm.py).
         gpu_types: names for the spec (default: the device type per rank).
         slowdown: this rank's emulated compute multiplier (>= 1; CPU demos of a slow GPU).
         stats_every: measure every n-th iteration (gradient norms, compute / wait split); the
             others run DDP untouched and only their wall time is taken. Interval means stay
             unbiased and the per-iteration cost drops n-fold.
-        guards: :class:`sim.guards.GuardConfig` (or a mapping of its fields, or a mode name; default
-            on): the ``lr_rule``'s gain capped at ``max_lr_gain`` (2), every learning-rate change
-            ramped over ``lr_ramp_iters`` iterations, and a divergence watchdog on the validation
-            quality and loss that rolls every rank back to its last good in-memory snapshot (model,
-            optimiser, the data position of :meth:`batch_sampler`, the batches and learning rate)
-            and hands the decisions to the fallback for a cool-down. State the training loop keeps
-            itself (its own learning-rate scheduler, AMP scaler) is not rolled back.
+        guards: :class:`sim.guards.GuardConfig`, its fields or a mode name (default: on): the capped,
+            ramped learning rate and the watchdog that rolls every rank back to its last good snapshot
+            (model, optimiser, :meth:`batch_sampler`'s position, batches, rate); state the loop keeps
+            itself (its own scheduler, an AMP scaler) is not rolled back.
     """
 
     def __init__(
@@ -146,6 +151,7 @@ class DynamixController:
         target_accuracy: float = 1.0,
         time_budget_s: float = math.inf,
         num_classes: int = 10,
+        metric: QualityMetric = ACCURACY,
         workload: str = "user",
         gpu_types: tuple[str, ...] | None = None,
         slowdown: float = 1.0,
@@ -204,6 +210,7 @@ class DynamixController:
             num_classes=int(num_classes),
             workload=workload,
             deterministic=False,
+            metric=metric,
             lr_rule=lr_rule,
         )
         self.noise = NoiseScaleEstimator()
@@ -262,6 +269,12 @@ class DynamixController:
         self._new_interval()
 
     # --- what the training loop reads --------------------------------------------------------------
+    @property
+    def decisions_without_policy(self) -> int:
+        """Rank 0: decisions at which the batches were kept because the arbitrator refused the job or
+        did not answer (0 for an in-process policy, and on the other ranks)."""
+        return int(getattr(self.policy, "decisions_without_policy", 0))
+
     @property
     def local_batch(self) -> int:
         return int(self.batches[self.rank])

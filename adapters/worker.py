@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from adapters.checkpoint import atomic_torch_save, load
@@ -124,6 +123,7 @@ class Trainer:
             self.device = torch.device("cpu")
         data = load_dataset(cfg.dataset, val_fraction=cfg.val_fraction, split_seed=cfg.split_seed)
         self.data = data
+        self.task = cfg.task  # loss, count and validation (adapters.tasks)
         self.x_train, self.y_train = data.x_train.to(self.device), data.y_train.to(self.device)
         self.x_val, self.y_val = data.x_val.to(self.device), data.y_val.to(self.device)
         self.meter = ProcessMeter(ranks_on_host=self.world)
@@ -176,7 +176,7 @@ class Trainer:
                 )
             with self.ddp.no_sync():
                 out = self.ddp(self.x_train[:b])
-                F.cross_entropy(out, self.y_train[:b], reduction="sum").backward()
+                self.task.loss_sum(out, self.y_train[:b]).backward()
         except torch.OutOfMemoryError:
             failed = 1.0
             if self.cuda:
@@ -231,7 +231,7 @@ class Trainer:
         injected = np.zeros(k_iters)
         local_sqr = np.zeros(k_iters)
         global_sqr = np.zeros(k_iters)
-        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        correct = self.task.zero_count(self.device)
         loss_sum = torch.zeros((), device=self.device)
         indices = [] if self.cfg.record_indices else None
         stats, model, opt = self.stats, self.ddp, self.opt
@@ -249,7 +249,7 @@ class Trainer:
                 indices.append(idx[sl].copy())
             x, y = self.x_train[mine], self.y_train[mine]
             out = model(x)
-            loss = F.cross_entropy(out, y, reduction="sum")
+            loss = self.task.loss_sum(out, y)
             (loss * weight).backward()
             t_bw = time.perf_counter()
             stats.finish()
@@ -259,7 +259,7 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
             with torch.no_grad():
-                correct += (out.argmax(1) == y).sum()
+                correct += self.task.count(out, y, loss)
                 loss_sum += loss.detach()
             if self.cuda:
                 torch.cuda.synchronize()
@@ -284,7 +284,7 @@ class Trainer:
             "injected_s": injected,
             "local_sqr": local_sqr,
             "global_sqr": global_sqr,
-            "correct": int(correct),
+            "correct": correct.item(),
             "loss_sum": float(loss_sum),
             "samples": b * k_iters,
             "cpu_util": cpu_util,
@@ -306,19 +306,13 @@ class Trainer:
         return float(torch.cuda.max_memory_allocated(self.device) / total)
 
     def validate(self) -> tuple[float, float]:
-        """(accuracy, mean cross-entropy) on the held-out split."""
+        """(quality, mean loss) on the held-out split: the task's (accuracy and cross-entropy for
+        classification; see :mod:`adapters.tasks`)."""
         module = self.ddp.module
         module.eval()
-        correct, loss = 0, 0.0
-        with torch.no_grad():
-            for i in range(0, self.x_val.shape[0], VAL_CHUNK):
-                out = module(self.x_val[i : i + VAL_CHUNK])
-                y = self.y_val[i : i + VAL_CHUNK]
-                loss += float(F.cross_entropy(out, y, reduction="sum"))
-                correct += int((out.argmax(1) == y).sum())
+        result = self.task.validate(module, self.x_val, self.y_val, VAL_CHUNK)
         module.train()
-        n = self.x_val.shape[0]
-        return correct / n, loss / n
+        return result
 
     # --- checkpoints and inspection ----------------------------------------------------------------
     def op_checkpoint(self, path: str) -> dict:
@@ -369,7 +363,7 @@ class Trainer:
         mine = torch.from_numpy(idx[rank_slice(b_all, self.rank)]).to(self.device)
         self.stats.begin()
         out = self.ddp(self.x_train[mine])
-        (F.cross_entropy(out, self.y_train[mine], reduction="sum") * loss_weight(b_all)).backward()
+        (self.task.loss_sum(out, self.y_train[mine]) * loss_weight(b_all)).backward()
         grad = torch.cat([p.grad.detach().flatten().cpu() for p in self.ddp.module.parameters()]).numpy()
         self.opt.zero_grad(set_to_none=True)
         return {"gradient": grad, "indices": idx, "state": state}

@@ -3,6 +3,8 @@
 Importing the package registers:
 
 * ``dynamix/HeteroCluster-v0``: the centralised env over the simulator (or any backend);
+  ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` builds its batched vector env
+  (:class:`~dynamix_gym.envs.batched_vector.BatchedClusterVectorEnv`);
 * ``dynamix/HeteroClusterPerWorker-v0``: the same cluster, one worker's decision per step;
 * ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``);
 * ``dynamix/ElasticCluster-v0``: GPUs rented from a priced pool, held, released and preempted;
@@ -38,7 +40,11 @@ _ENVS = {
     "dynamix/ElasticCluster-v0": "dynamix_gym.envs.elastic_cluster:ElasticClusterEnv",
     "dynamix/PipelineCluster-v0": "dynamix_gym.envs.pipeline_cluster:PipelineClusterEnv",
 }
+#: native vector envs (``gymnasium.make_vec(id, vectorization_mode="vector_entry_point")``)
+_VECTOR_ENVS = {"dynamix/HeteroCluster-v0": "dynamix_gym.envs.batched_vector:BatchedClusterVectorEnv"}
 for _id, _entry in _ENVS.items():
     if _id not in registry:
         # The env enforces its own time and decision budgets (truncation), so no TimeLimit here.
-        register(id=_id, entry_point=_entry, disable_env_checker=False)
+        register(
+            id=_id, entry_point=_entry, vector_entry_point=_VECTOR_ENVS.get(_id), disable_env_checker=False
+        )

@@ -17,9 +17,12 @@ from gymnasium import spaces
 
 from sim.protocol import BackendSpec, IntervalReport
 
+#: every action mode: per-worker steps (``delta``, ``scale``), target batches (``absolute``) or scales
+#: in [0.8, 1.2] (``continuous``)
 ACTION_MODES = ("delta", "absolute", "continuous", "scale")
 #: the discrete modes: one step of ``action_set`` per worker, with the env's ``action_masks``
 DISCRETE_ACTION_MODES = ("delta", "scale")
+#: delta mode: DYNAMIX's steps, added to a worker's local batch
 DEFAULT_ACTION_SET = (-100, -25, 0, 25, 100)
 #: scale mode: worker i's local batch becomes round(b_i * factor); the default factors are
 #: symmetric in octaves (x1/2 <-> x2, x4/5 <-> x5/4) and keep 1 (no change), which is never masked.

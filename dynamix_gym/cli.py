@@ -15,37 +15,40 @@ a checkout installed with ``pip install -e .``.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import runpy
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-#: subcommand -> (module it runs, one line of help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("experiments.train", "pretrain a PPO policy on simulated clusters (conf/train.yaml)"),
-    "evaluate": (
-        "experiments.evaluate",
-        "one controller on one simulated or real scenario, or a grid with -m",
-    ),
-    "aggregate": ("experiments.aggregate", "a sweep of evaluate runs into a table and plots"),
-    "benchmark": ("experiments.benchmark", "score a controller on dynamix-bench-v1 (conf/benchmark/v1.yaml)"),
-    "deploy": ("experiments.deploy", "a controller on real PyTorch DDP training"),
-    "calibrate": (
-        "experiments.calibrate",
-        "profile real DDP ranks (or a measured table) into a simulator profile",
-    ),
-    "fidelity": ("experiments.fidelity", "sim-to-real fidelity of a calibrated profile"),
-    "schedules": ("experiments.schedules", "batch schedules on real DDP beside the calibrated simulator"),
-    "fit_schedules": ("experiments.fit_schedules", "refit a profile's convergence model to schedule runs"),
-    "serve": ("experiments.serve", "the arbitrator service: PPO bundles over gRPC"),
-    "demo": ("experiments.demo", "`make demo`: pretrain, evaluate beside the baselines, tabulate"),
-    "elastic": ("experiments.elastic", "time and dollars to accuracy on an elastic spot pool"),
-    "pipeline": (
-        "experiments.pipeline",
-        "pipeline parallelism: rivals, policy and hindsight limit on the pipeline split",
-    ),
-    "pipeline_train": ("experiments.pipeline_train", "train the pipeline policy (MaskablePPO)"),
-    "pipeline_forest": ("experiments.pipeline_forest", "fit DynPipe's stage slowdown forest"),
-}
+#: The package whose Hydra apps are the subcommands.
+APPS_PACKAGE = "experiments"
+
+
+def discover_apps(package: str = APPS_PACKAGE) -> dict[str, tuple[str, str]]:
+    """Every Hydra app of ``package``: subcommand -> (module it runs, the first line of its docstring).
+
+    An app is a module directly in the package with a ``@hydra.main`` entry point (read from the
+    source, not imported: importing every app would load torch and the simulator for ``--help``).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    apps = {}
+    for location in spec.submodule_search_locations:
+        for path in sorted(Path(location).glob("*.py")):
+            source = path.read_text()
+            if "@hydra.main(" not in source:
+                continue
+            doc = ast.get_docstring(ast.parse(source)) or ""
+            first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, one line
+            apps[path.stem] = (f"{package}.{path.stem}", first.split(". ")[0].rstrip("."))
+    return dict(sorted(apps.items()))
+
+
+#: subcommand -> (module it runs, one line of help): every app of ``experiments``.
+COMMANDS: dict[str, tuple[str, str]] = discover_apps()
 
 
 def usage() -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.controllers.base import Controller, start_options
+from dynamix_gym.controllers.base import Controller, decided_without_policy, hooks, start_options
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.protocol import IntervalReport
 
@@ -29,7 +29,18 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "workers",
     "workload",
     "backend",
+    "decisions_without_policy",
 )
+
+
+def controller_label(controller: Any) -> str:
+    """The controller's ``name``; a static controller's carries its batch (``static-128``) so that
+    static runs at different batches stay apart in summaries."""
+    name = str(controller.name)
+    batch = getattr(controller, "batch", None)
+    if name == "static" and isinstance(batch, int | float) and not isinstance(batch, bool):
+        return f"static-{int(batch)}"
+    return name
 
 
 @dataclass
@@ -44,9 +55,11 @@ def timeline_row(
     reward: float,
     terms: dict[str, float],
     guard: dict[str, Any] | None = None,
+    without_policy: bool = False,
 ) -> dict[str, Any]:
     """One timeline row; ``guard`` (a guarded backend's running counts, ``info["guard"]``) adds the
-    guards' columns and the interval's events."""
+    guards' columns and the interval's events; ``without_policy``: the batches it ran were kept
+    because the controller's (remote) policy did not decide them."""
     row: dict[str, Any] = {
         "step": step,
         "wall_time_s": report.wall_time_s,
@@ -56,6 +69,7 @@ def timeline_row(
         "global_batch": report.global_batch,
         "comm_time_s": report.comm_time_s,
         "reward": reward,
+        "without_policy": bool(without_policy),
     }
     row.update({f"reward_{k}": v for k, v in terms.items()})
     for i in range(report.num_workers):
@@ -84,7 +98,10 @@ def run_episode(
     """Drive ``env`` with ``controller`` from ``reset(seed)`` until the episode ends.
 
     The controller must emit actions in the env's action mode. Its decision time (the time
-    ``predict`` takes) is measured and reported: that is its overhead on a real cluster.
+    ``predict`` takes) is measured and reported: that is its overhead on a real cluster. A decision
+    the controller made without its policy (:func:`~dynamix_gym.controllers.base.decided_without_policy`:
+    a remote policy that refused or did not answer) flags its interval's timeline row
+    (``without_policy``) and is counted in the summary's ``decisions_without_policy``.
     """
     base = env.unwrapped
     if controller.action_mode != base.action_mode:
@@ -92,12 +109,9 @@ def run_episode(
             f"controller {controller.name!r} emits {controller.action_mode!r} actions but the env is in "
             f"{base.action_mode!r} mode"
         )
-    check = getattr(controller, "check_env", None)
-    if check is not None:  # e.g. a PPO bundle refusing an env with another action set
-        check(base)
-    prepare = getattr(controller, "prepare", None)
-    if prepare is not None:  # e.g. the hindsight limit, which searches replays of this very episode
-        prepare(env, seed)
+    own = hooks(controller)
+    own.check_env(base)  # e.g. a PPO bundle refusing an env with another action set
+    own.prepare(env, seed)  # e.g. the hindsight limit, which searches replays of this very episode
     obs, info = env.reset(seed=seed, options=start_options(controller, base.backend.spec))
     controller.reset(base.backend.spec, np.random.default_rng(seed))
     spec = base.backend.spec
@@ -108,18 +122,21 @@ def run_episode(
     idle_fracs = [_idle_fraction(report)]
     decision_s = 0.0
     changes = 0
+    without_policy = 0
     step = 0
     terminated = truncated = False
     while not (terminated or truncated):
         t0 = time.perf_counter()
         action, _ = controller.predict(obs, info, deterministic=True)
         decision_s += time.perf_counter() - t0
+        blind = decided_without_policy(controller)
+        without_policy += int(blind)
         prev = base.batches.copy()
         obs, reward, terminated, truncated, info = env.step(action)
         step += 1
         report = info["report"]
         changes += int(np.any(info["local_batches"] != prev))
-        timeline.append(timeline_row(step, report, reward, info["reward_terms"], info.get("guard")))
+        timeline.append(timeline_row(step, report, reward, info["reward_terms"], info.get("guard"), blind))
         idle_gpu_s += float((report.idle_time_s * report.iterations).sum())
         busy_gpu_s += float((report.iteration_time_s * report.iterations).sum())
         idle_fracs.append(_idle_fraction(report))
@@ -142,6 +159,7 @@ def run_episode(
         "workers": spec.num_workers,
         "workload": spec.workload,
         "backend": "sim" if report.truth is not None else "real",
+        "decisions_without_policy": without_policy,
     }
     if info.get("guard") is not None:  # a guarded backend: what its guards did (sim.guards)
         summary.update(info["guard"])

@@ -12,12 +12,13 @@ writes into ``out``:
   commands that regenerate it (read back from the runs' ``.hydra/overrides.yaml``);
 * ``table.csv``: the same numbers, unrounded; ``summary.csv``: every run's summary row;
 * ``accuracy_vs_time.png``, ``batch_trajectories.png``, ``time_to_accuracy.png``,
-  ``idle_fraction.png`` (see :mod:`experiments.plots`).
+  ``idle_fraction.png`` (see :mod:`experiments.reports.plots`).
 
 Time-to-accuracy statistics are over the seeds that reached the target (a missed run has no time
 to accuracy; its seed shows in the ``reached`` column and marks the row with a dagger). The best
-static batch of a scenario is the ``static-<batch>`` controller with the lowest mean time to
-accuracy among those that reached the target in every seed (among all, if none did).
+static batch of a scenario is the ``static-<batch>`` controller with the lowest mean score over
+its seeds, as the benchmark picks it (:mod:`dynamix_gym.benchmark.scoring`: a run's time to
+accuracy, or its time budget where it missed the target).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from scipy import stats
 
-from experiments import plots
+from dynamix_gym.benchmark import scoring
 from experiments.common import atomic_write_text
 from experiments.evaluate import COLUMNS
+from experiments.reports import plots
 from sim.faults import SCENARIOS
 
 log = logging.getLogger(__name__)
@@ -87,12 +89,21 @@ def with_metric_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(target_metric=df["target_accuracy"]) if "target_accuracy" in df.columns else df
 
 
+def with_policy_count(df: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows written before the count of decisions made without the policy: not recorded
+    (NaN), except for a controller that decides in process, which never decides without it (0)."""
+    if "decisions_without_policy" in df.columns or "controller" not in df.columns:
+        return df
+    remote = df["controller"].astype(str) == "arbitrator"
+    return df.assign(decisions_without_policy=remote.map({True: float("nan"), False: 0.0}))
+
+
 def load_runs(sweep_dir: str | Path) -> pd.DataFrame:
     """Every summary row under ``sweep_dir``, with the run's directory in ``run_dir``."""
     sweep_dir = Path(sweep_dir)
     frames = []
     for path in sorted(sweep_dir.rglob("summary.csv")):
-        df = with_metric_columns(pd.read_csv(path))
+        df = with_policy_count(with_metric_columns(pd.read_csv(path)))
         missing = [c for c in COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(
@@ -231,8 +242,9 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         )
     )
     parts = []
-    for _, t in pd.DataFrame(rows).groupby([*CONTEXT_KEYS, "scenario"], sort=False):
-        best = best_static(t)
+    runs_of = dict(iter(runs.groupby([*CONTEXT_KEYS, "scenario"], sort=False)))
+    for key, t in pd.DataFrame(rows).groupby([*CONTEXT_KEYS, "scenario"], sort=False):
+        best = best_static(runs_of[key])
         parts.append(
             t.assign(
                 best_static=best,
@@ -243,15 +255,14 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[TABLE_COLUMNS]
 
 
-def best_static(table: pd.DataFrame) -> str | None:
-    """The static batch of one scenario's rows with the lowest mean time to accuracy, preferring
-    those that reached the target in every seed; None if no static batch reached it."""
-    static = table[table["controller"].str.match(STATIC.pattern) & table["tta_min_mean"].notna()]
-    if static.empty:
+def best_static(runs: pd.DataFrame) -> str | None:
+    """The static batch of one scenario's runs with the lowest mean score over its seeds (the
+    benchmark's one rule, :func:`dynamix_gym.benchmark.scoring.best_static`: a missed target
+    counts the time budget); None if no static batch reached the target in any seed."""
+    static = runs[runs["controller"].astype(str).str.match(STATIC.pattern)]
+    if static.empty or not static["reached_target"].astype(bool).any():
         return None
-    complete = static[static["reach_fraction"] == 1.0]
-    pool = complete if not complete.empty else static
-    return str(pool.loc[pool["tta_min_mean"].idxmin(), "controller"])
+    return str(scoring.best_static(static.assign(_all=0), by=("_all",)).iloc[0])
 
 
 def _tta_of(table: pd.DataFrame, controller: str | None) -> float:

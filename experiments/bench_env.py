@@ -12,11 +12,18 @@ the fastest round of each is compared.
 
 A second figure splits the env loop itself: the time spent inside the backend's ``run_interval``
 versus everything else the env does (encoding, reward, action checks, bookkeeping, resets).
+
+Then (``batched.enabled``) the batched vector env against the per-cluster env on the same worlds,
+env steps/s over batch sizes and the memory taken (:mod:`experiments.bench_batched`), written to
+``batched.out`` with its plot ``batched.plot``.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -27,6 +34,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from experiments import bench_batched
 from experiments.common import atomic_write_text
 
 
@@ -133,11 +141,72 @@ def run(cfg: DictConfig) -> dict:
             f"{r['overhead_ratio']:>8.3f}{r['in_loop_backend_us_per_step']:>21.0f}"
             f"{r['in_loop_env_own_us_per_step']:>12.0f}{r['in_loop_ratio']:>15.3f}"
         )
-    result = {"K": int(cfg.iterations), "scenario": cfg.scenario, "rows": rows, "target_ratio": 1.25}
+    result = {
+        "K": int(cfg.iterations),
+        "scenario": cfg.scenario,
+        "rows": rows,
+        "target_ratio": 1.25,
+        "date": datetime.date.today().isoformat(),
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine: timings are noisy when high
+    }
     out = Path(to_absolute_path(cfg.out))
     atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")
+    if cfg.batched.enabled:
+        result["batched"] = run_batched(cfg)
     return result
+
+
+def run_batched(cfg: DictConfig) -> dict:
+    """The batched vector env against the per-cluster env (``cfg.batched``), table, JSON and plot."""
+    b = cfg.batched
+    results = [
+        {
+            "scenario": scenario,
+            **bench_batched.measure(
+                n,
+                scenario,
+                int(cfg.iterations),
+                [int(x) for x in sizes],
+                float(b.seconds),
+                int(cfg.seed),
+                int(b.rounds),
+                int(b.per_cluster_envs),
+                [int(x) for x in b.stream_sizes if int(x) in sizes],
+            ),
+        }
+        for scenario in b.scenarios
+        for n, sizes in ((int(n), list(sizes)) for n, sizes in b.batch_sizes.items())
+    ]
+    print(f"\nBatched vector env vs per-cluster env, K = {cfg.iterations}, one core")
+    print(f"{'scenario':<15}{'workers':>8}{'batch':>7}{'per-cluster/s':>15}{'batched/s':>12}{'speed-up':>10}"
+          f"{'own streams/s':>15}{'speed-up':>10}{'peak MiB':>10}")  # fmt: skip
+    for res in results:
+        for r in res["rows"]:
+            stream = "-" if r["stream_steps_per_s"] is None else f"{r['stream_steps_per_s']:.0f}"
+            stream_up = "-" if r["stream_speedup"] is None else f"{r['stream_speedup']:.1f}"
+            print(
+                f"{res['scenario']:<15}{res['workers']:>8}{r['batch']:>7}{res['per_cluster_steps_per_s']:>15.0f}"
+                f"{r['batched_steps_per_s']:>12.0f}{r['speedup']:>10.1f}{stream:>15}{stream_up:>10}"
+                f"{r['peak_mib']:>10.0f}"
+            )
+    out = {
+        "K": int(cfg.iterations),
+        "scenarios": list(b.scenarios),
+        "date": datetime.date.today().isoformat(),
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "targets": {"speedup_8_workers": 50, "speedup_64_workers": 20, "peak_gib": 2},
+        "results": results,
+    }
+    path = Path(to_absolute_path(b.out))
+    atomic_write_text(path, json.dumps(out, indent=2, sort_keys=True) + "\n")
+    bench_batched.plot(results, Path(to_absolute_path(b.plot)))
+    print(f"wrote {path} and {b.plot}")
+    return out
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="bench_env")

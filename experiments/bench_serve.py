@@ -122,9 +122,9 @@ class ServiceProcess:
 def _job_thread(args: dict[str, Any], index: int, quota: int, out: list, stop_at: float) -> None:
     import torch
 
+    from dynamix_gym.benchmark import task_specs
     from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
     from dynamix_gym.service.client import ArbitratorClient
-    from experiments.benchmark import task_specs
 
     torch.set_num_threads(1)
     task = args["tasks"][index % len(args["tasks"])]

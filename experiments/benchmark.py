@@ -6,14 +6,14 @@
     python -m experiments.benchmark controller=ppo controller.path=results/headline/policy label=ppo-headline
     python -m experiments.benchmark controller=dlb split=test hydra/launcher=submitit_slurm
 
-The suite is declared in ``conf/benchmark/v1.yaml``: tasks (workload x cluster x scenario, each a
+The suite (:mod:`dynamix_gym.benchmark`) is declared in ``conf/benchmark/v1.yaml``: tasks (workload x cluster x scenario, each a
 config name) in splits ``train`` (training, tuning, imitation) and ``test`` (scoring alone), with the
 seeds of each split. A plain run orchestrates: it launches a Hydra multirun of this app over
 ``task`` x ``seed`` (x ``controller.batch`` for the static grid) through the configured launcher
 (joblib locally, submitit on SLURM), then scores what came back. Each multirun job (``task=<name>``
 set) runs one episode and writes its ``timeline.csv`` and a ``run.json`` row.
 
-Scoring (:func:`score`), written to ``results/benchmark/<label>/<split>/`` as ``runs.csv``,
+Scoring (:func:`score`, with :mod:`dynamix_gym.benchmark.scoring`'s one rule), written to ``results/benchmark/<label>/<split>/`` as ``runs.csv``,
 ``summary.json`` and ``summary.md`` (the command at the top):
 
 * per task and seed: the time to accuracy, the hindsight limit's (``results/benchmark/hindsight``),
@@ -57,82 +57,25 @@ import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate, to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
-from dynamix_gym.controllers.base import env_options
+from dynamix_gym.benchmark.scoring import best_static as best_static_by_task
+from dynamix_gym.benchmark.scoring import geomean as _geomean
+from dynamix_gym.benchmark.scoring import scores_s
+from dynamix_gym.benchmark.suite import SUITE_NAME, check_suite, split_tasks, task_interval, task_specs
+from dynamix_gym.controllers.base import env_options, hooks
 from dynamix_gym.evaluation import run_episode
-from dynamix_gym.reward import RewardConfig
 from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
 from experiments.evaluate import record_run
-from sim.specs_io import cluster_from_dict, scenario_from_dict, workload_from_dict
 
 log = logging.getLogger(__name__)
 
-CONF_DIR = REPO_ROOT / "conf"
-#: What a task names, and the config group each name is looked up in.
-TASK_GROUPS = {"workload": workload_from_dict, "cluster": cluster_from_dict, "scenario": scenario_from_dict}
-TASK_KEYS = (*TASK_GROUPS, "interval")
 #: The label whose runs are the hindsight limit, and the static grid's.
 LIMIT_LABEL = "hindsight"
 STATIC_LABEL = "static"
 #: Keys of the orchestrating run that the multirun sets itself.
 _OWN_KEYS = ("task", "seed", "controller.batch", "controller.start_at_batch", "hydra.sweep.dir", "score_only")
-
-
-# --------------------------------------------------------------------------------------------
-# The suite
-# --------------------------------------------------------------------------------------------
-def split_tasks(bench: DictConfig | dict, split: str) -> tuple[dict[str, dict[str, Any]], list[int]]:
-    """The tasks (name -> spec) and seeds of ``split``, checked."""
-    bench = plain(bench)
-    splits = bench.get("splits", {})
-    if split not in splits:
-        raise ValueError(f"benchmark {bench.get('name')!r} has no split {split!r}; splits: {sorted(splits)}")
-    entry = splits[split]
-    tasks, seeds = dict(entry.get("tasks") or {}), list(entry.get("seeds") or [])
-    if not tasks or not seeds:
-        raise ValueError(f"benchmark split {split!r} needs at least one task and one seed")
-    for name, task in tasks.items():
-        unknown = sorted(set(task) - set(TASK_KEYS))
-        missing = [k for k in TASK_GROUPS if k not in task]
-        if unknown or missing:
-            raise ValueError(
-                f"benchmark task {name!r}: unknown keys {unknown} / missing keys {missing}; a task has "
-                f"{list(TASK_GROUPS)} (config names) and optionally interval"
-            )
-        for group in TASK_GROUPS:
-            path = CONF_DIR / group / f"{task[group]}.yaml"
-            if not path.exists():
-                raise ValueError(
-                    f"benchmark task {name!r}: {group} {task[group]!r} has no config {shown(path)}"
-                )
-    return tasks, [int(s) for s in seeds]
-
-
-def check_suite(bench: DictConfig | dict) -> None:
-    """The split rules: seeds never shared between splits, and every test task differs from every
-    train task in at least one of workload, cluster or scenario."""
-    bench = plain(bench)
-    train, train_seeds = split_tasks(bench, "train")
-    test, test_seeds = split_tasks(bench, "test")
-    shared = sorted(set(train_seeds) & set(test_seeds))
-    if shared:
-        raise ValueError(f"benchmark seeds {shared} are in both the train and the test split")
-    triples = {(t["workload"], t["cluster"], t["scenario"]) for t in train.values()}
-    for name, t in test.items():
-        if (t["workload"], t["cluster"], t["scenario"]) in triples:
-            raise ValueError(f"test task {name!r} repeats a train task's workload, cluster and scenario")
-
-
-def task_specs(task: dict[str, Any], reward: Any) -> dict[str, Any]:
-    """The simulator's specs of a task (each name loaded from its config group)."""
-    specs = {
-        group: convert(plain(OmegaConf.load(CONF_DIR / group / f"{task[group]}.yaml")))
-        for group, convert in TASK_GROUPS.items()
-    }
-    specs["reward"] = RewardConfig.from_any(plain(reward))
-    return specs
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +92,7 @@ def run_task(cfg: DictConfig, out: Path) -> float:
     if "cache_dir" in cfg.controller and cfg.controller.cache_dir is not None:
         overrides["cache_dir"] = to_absolute_path(str(cfg.controller.cache_dir))
     controller = instantiate(cfg.controller, **overrides)
-    interval = int(task.get("interval", 50))
+    interval = task_interval(task)
     env = instantiate(cfg.backend)(
         **specs,
         action_mode=controller.action_mode,
@@ -190,7 +133,7 @@ def run_task(cfg: DictConfig, out: Path) -> float:
         "decisions": int(summary["decisions"]),
         "run_s": round(elapsed, 2),
     }
-    search = getattr(controller, "search_log", None)
+    search = hooks(controller).search_log
     if search:
         row["plan"] = search.get("plan")
         row["search_s"] = search.get("search_s")
@@ -282,13 +225,10 @@ def load_runs(run_dir: Path) -> pd.DataFrame:
 
 
 def best_static(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per task, the rows of the one static batch with the best mean score over the task's seeds."""
-    runs = runs.assign(score=np.where(runs.reached_target, runs.time_to_accuracy_s, runs.time_budget_s))
-    keep = []
-    for _, group in runs.groupby("task"):
-        means = group.groupby("controller")["score"].mean()
-        keep.append(group[group.controller == means.idxmin()])
-    return pd.concat(keep, ignore_index=True).drop(columns="score")
+    """Per task, the rows of the one static batch with the best mean score over the task's seeds
+    (:func:`dynamix_gym.benchmark.scoring.best_static`)."""
+    best = best_static_by_task(runs, by=("task",))
+    return runs[runs.controller.to_numpy() == best.reindex(runs.task).to_numpy()].reset_index(drop=True)
 
 
 def _by_task_seed(path: Path) -> pd.DataFrame | None:
@@ -306,7 +246,7 @@ def score(root: Path, label: str, split: str, command: str = "") -> dict[str, An
     if label == STATIC_LABEL:
         runs = best_static(runs)
     runs = runs.sort_values(["task", "seed"]).reset_index(drop=True)
-    runs["score_s"] = np.where(runs.reached_target, runs.time_to_accuracy_s, runs.time_budget_s)
+    runs["score_s"] = scores_s(runs)
     # The limit's score: its time to accuracy (or its budget, where no schedule reaches the target).
     own = runs.set_index(["task", "seed"])
     limit = own if label == LIMIT_LABEL else _by_task_seed(root / LIMIT_LABEL / split / "runs.csv")
@@ -356,17 +296,12 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-def _geomean(x: pd.Series) -> float:
-    x = x.dropna()
-    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
-
-
 def summarise(runs: pd.DataFrame, label: str, split: str, command: str) -> dict[str, Any]:
     per_task = runs.groupby("task")["ratio"].apply(_geomean)
     beaten = runs[runs.ratio < 1.0 - 1e-9]
     worst = per_task.idxmax() if per_task.notna().any() else None
     return {
-        "benchmark": "dynamix-bench-v1",
+        "benchmark": SUITE_NAME,
         "label": label,
         "split": split,
         "command": command,

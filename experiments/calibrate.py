@@ -22,8 +22,8 @@ Kendall tau). The directory appears whole or not at all.
 ``report_only=true`` re-renders ``calibration.md`` of the profile in ``out_dir`` from its saved
 files (``profile.json``, ``calibration.json``), measuring and fitting nothing.
 
-Modes: :mod:`experiments.calibration_real`, :mod:`experiments.calibration_table`; shared fits
-:mod:`experiments.calibration_fit`; report :mod:`experiments.reports.calibration_report`.
+Modes: :mod:`experiments.calibration.real`, :mod:`experiments.calibration.table`; shared fits
+:mod:`experiments.calibration.fit`; report :mod:`experiments.reports.calibration_report`.
 
 Returns the held-out step-time MdAPE (pooled over worker types).
 """
@@ -45,9 +45,9 @@ import hydra
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from experiments.calibration_fit import fit_figures
-from experiments.calibration_real import calibrate_real
-from experiments.calibration_table import calibrate_from_table
+from experiments.calibration.fit import fit_figures
+from experiments.calibration.real import calibrate_real
+from experiments.calibration.table import calibrate_from_table
 from experiments.common import atomic_write_text, shown
 from experiments.reports.calibration_report import report_markdown
 from sim.datafiles import data_path, dump_json

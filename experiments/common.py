@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import sim
+from dynamix_gym.configs import plain
 from sim.datafiles import atomic_write_text
 
 __all__ = ["REPO_ROOT", "atomic_write_text", "describe_file", "plain", "shown"]
 
 REPO_ROOT = Path(sim.__file__).resolve().parent.parent
-
-
-def plain(node: Any) -> Any:
-    """A Hydra/OmegaConf node as plain Python containers (anything else unchanged)."""
-    if isinstance(node, DictConfig | ListConfig):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
 
 
 def shown(path: str | Path) -> str:

@@ -2,7 +2,7 @@
 
     python -m experiments.deploy controller=dlb
     python -m experiments.deploy policy=pollux backend.workers=3 backend.emulate=null
-    DYNAMIX_ARBITRATOR_TOKEN=... python -m experiments.deploy arbitrator=127.0.0.1:50051
+    DYNAMIX_ARBITRATOR_TOKEN=... python -m experiments.deploy arbitrator=127.0.0.1:50051 +arbitrator_kwargs.job_id=ddp-4
 
 The env is ``dynamix/RealDDP-v0`` built from ``conf/backend/real.yaml`` with the same specs and
 episode runner (:func:`dynamix_gym.evaluation.run_episode`) as ``experiments.evaluate``, so the
@@ -10,6 +10,20 @@ run dir gets the same ``timeline.csv`` and ``summary.csv`` row. With ``backend.c
 and ``backend.checkpoint_every`` the model, optimiser, data position and the controller are saved
 atomically; ``backend.resume=true`` continues a crashed run from its last checkpoint (the
 timeline's steps then continue from the checkpoint's interval).
+
+With ``arbitrator=`` a job the service refuses (wrong token, unknown bundle) fails with the
+service's cause, unless ``+arbitrator_kwargs.allow_without_policy=true``; a job that loses the
+service keeps its batches and warns at once. Either way the timeline flags every interval whose
+batches were kept without the policy (``without_policy``), the summary counts them
+(``decisions_without_policy``) and the closing log line says how many there were.
+
+With ``calibrate.quick=true`` the run starts with a quick step-time ladder on its own ranks (at
+most ``calibrate.max_s``, 60 s), the stored profile (``calibrate.profile``, default the bundle's
+training profile) refitted into ``<run dir>/profile_refit`` (knee included) and refused when its step
+times drift more than ``calibrate.max_drift`` (10%) from the refit, unless ``calibrate.refuse=false``
+(:mod:`experiments.deploy_calibration`). With ``finetune=true`` as well, a PPO bundle is then
+fine-tuned in the refitted simulator for a bounded time and deployed instead only if it beats the
+bundle on held-out simulated seeds of that profile (:mod:`experiments.deploy_finetune`).
 
 Returns the time to accuracy in seconds (``inf`` when the target was not reached).
 """
@@ -31,13 +45,21 @@ from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
-from dynamix_gym.controllers.base import env_options
+from dynamix_gym.controllers.base import decided_without_policy, env_options
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import atomic_write_text, plain
+from experiments.deploy_calibration import REFIT_DIR, QuickCalibration, quick_calibrate, stored_profile
+from experiments.deploy_finetune import Finetuning, check_finetune, finetune_in_refit
 from experiments.evaluate import build_specs, make_env, record_run
 
 log = logging.getLogger(__name__)
+
+#: What ``arbitrator_kwargs`` may set (:class:`dynamix_gym.service.client.ArbitratorClient`).
+ARBITRATOR_KWARGS = (
+    "token_file", "job_id", "task", "bundle", "timeout_s", "backoff_s", "max_backoff_s", "ca_file",
+    "allow_without_policy", "obs_schema",
+)  # fmt: skip
 
 
 class ResumableController:
@@ -61,15 +83,23 @@ class ResumableController:
     def predict(self, observation, info, deterministic: bool = True):
         return self.inner.predict(observation, info, deterministic)
 
+    @property
+    def last_without_policy(self) -> bool:
+        return decided_without_policy(self.inner)
+
 
 def build_controller(cfg: DictConfig) -> Any:
     """The arbitrator's client, ``policy`` (a registry name or bundle path) or the ``controller`` config."""
     if cfg.get("arbitrator"):  # the arbitrator service decides (token: $DYNAMIX_ARBITRATOR_TOKEN or a file)
         from dynamix_gym.service.client import RemoteController
 
-        return RemoteController(
-            str(cfg.arbitrator), interval=int(cfg.env.interval), **(plain(cfg.get("arbitrator_kwargs")) or {})
-        )
+        kwargs = plain(cfg.get("arbitrator_kwargs")) or {}
+        unknown = sorted(set(kwargs) - set(ARBITRATOR_KWARGS))
+        if unknown:
+            raise ValueError(
+                f"arbitrator_kwargs {unknown} unknown; the client takes {list(ARBITRATOR_KWARGS)}"
+            )
+        return RemoteController(str(cfg.arbitrator), interval=int(cfg.env.interval), **kwargs)
     if cfg.get("policy"):
         return make_controller(str(cfg.policy), **(plain(cfg.get("policy_kwargs")) or {}))
     if cfg.get("controller") is None:
@@ -81,7 +111,15 @@ def build_controller(cfg: DictConfig) -> Any:
 
 def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
+    calibration = QuickCalibration.from_config(cfg.get("calibrate"))
+    finetune = cfg.get("finetune", False)
+    if not isinstance(finetune, bool):
+        raise ValueError(f"finetune must be true or false, got {finetune!r}")
+    finetuning = Finetuning.from_config(cfg.get("finetuning"))
     controller = build_controller(cfg)
+    if finetune:  # before any rank starts: what it needs
+        check_finetune(controller, calibration.quick)
+    stored = stored_profile(calibration, controller) if calibration.quick else None
     specs = build_specs(cfg)
     env = make_env(cfg, controller.action_mode, specs, **env_options(controller))
     backend = env.unwrapped.backend
@@ -89,8 +127,16 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         raise ValueError(
             f"experiments.deploy drives the real backend (backend=real), got {type(backend).__name__}"
         )
-    wrapped = ResumableController(controller, backend)
     try:
+        record = None
+        if stored is not None:  # on the ranks the episode then trains with, from a fresh start
+            record = quick_calibrate(backend, stored, calibration, out, int(cfg.seed))
+        if finetune and record is not None:  # (a resumed run keeps the policy it started with)
+            refit = out / REFIT_DIR
+            controller, _ = finetune_in_refit(
+                controller, refit, specs["scenario"], int(cfg.env.interval), finetuning, out, int(cfg.seed)
+            )
+        wrapped = ResumableController(controller, backend)
         result = run_episode(env, wrapped, int(cfg.seed), scenario=specs["scenario"].name)
         spec = backend.spec
         interval = int(env.unwrapped.interval)
@@ -112,14 +158,18 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
             indent=2,
         ),
     )
-    log.info(
-        "%s on real DDP (%s, %s): final accuracy %.4f after %.1f s, %d decisions, target %s",
+    blind = int(summary["decisions_without_policy"])
+    log.log(
+        logging.WARNING if blind else logging.INFO,
+        "%s on real DDP (%s, %s): final accuracy %.4f after %.1f s, %d decisions (%d made without the "
+        "policy), target %s",
         summary["controller"],
         summary["workload"],
         summary["gpu_types"],
         summary["final_accuracy"],
         summary["total_time_s"],
         summary["decisions"],
+        blind,
         "reached" if math.isfinite(tta) else "not reached",
     )
     log.info(

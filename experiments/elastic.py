@@ -17,12 +17,8 @@ the first decision (row ``hindsight_switch``). Writes
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +27,11 @@ import numpy as np
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.elastic.baselines import FixedAllocation, make_elastic_controller
 from dynamix_gym.elastic.evaluation import run_elastic_episode
 from dynamix_gym.elastic.hindsight import hindsight_fixed_allocation
-from dynamix_gym.elastic.training import load_elastic_bundle
+from dynamix_gym.elastic.lineup import lineup
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
+from experiments.reports.elastic import csv_text, plot_workers_spend
 from sim.datafiles import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -51,46 +47,6 @@ COLUMNS = (
     "restarts",
     "preemptions",
 )
-
-
-def _controller(
-    spec: dict[str, Any], env_kwargs: dict[str, Any], lr_multiplier: float = 1.0
-) -> tuple[Any, dict[str, Any]]:
-    """(controller, env kwargs) of one entry of ``controllers``; a baseline runs at the entry's
-    ``lr_multiplier`` or else ``lr_multiplier`` (a learned policy picks its own)."""
-    kind = spec["kind"]
-    kw = {**env_kwargs, **spec.get("env", {})}
-    lr = float(spec.get("lr_multiplier", lr_multiplier))
-    if kind == "fixed":
-        counts = dict(spec["counts"])
-        return FixedAllocation(counts, label=spec["name"]).set_lr(lr), {**kw, "initial_allocation": counts}
-    if kind == "fixed_target":  # the same target, reached from the pool's initial allocation
-        return FixedAllocation(dict(spec["counts"]), label=spec["name"]).set_lr(lr), kw
-    if kind == "learned":
-        algo_form = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}[spec["algo"]]
-        kw = {**kw, "action_form": algo_form}
-        return load_elastic_bundle(to_absolute_path(spec["bundle"]), ElasticClusterEnv(**kw)), kw
-    return make_elastic_controller(kind, lr_multiplier=lr, **spec.get("params", {})), kw
-
-
-def controllers(specs: list[dict[str, Any]], env_kwargs: dict[str, Any], lr_multiplier: float = 1.0):
-    """(entry, controller, env kwargs) of every entry of ``specs`` (see :func:`_controller`); a learned
-    entry whose bundle is missing is skipped with a warning."""
-    for spec in specs:
-        if spec["kind"] == "learned" and not Path(to_absolute_path(spec["bundle"])).is_dir():
-            log.warning("skipping %s: no bundle at %s", spec["name"], spec["bundle"])
-            continue
-        yield (spec, *_controller(spec, env_kwargs, lr_multiplier))
-
-
-def host_record(load_start: list[float]) -> dict[str, Any]:
-    """The host a real measurement ran on: cores, the load average at its start and end, the time."""
-    return {
-        "cpu_count": os.cpu_count(),
-        "load_average_start": load_start,
-        "load_average_end": [round(x, 2) for x in os.getloadavg()],
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 def _summary(name: str, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -143,7 +99,7 @@ def run(cfg: DictConfig) -> float:
     table, episodes, timelines = [], [], []
     fastest_fixed: dict[int, float] = {}
     baseline_lr = float(raw.get("baseline_lr_multiplier", 1.0))  # every baseline's constant multiplier
-    for spec, ctl, kw in controllers(raw["controllers"], env_kwargs, baseline_lr):
+    for spec, ctl, kw in lineup(raw["controllers"], env_kwargs, baseline_lr, resolve=to_absolute_path):
         name = spec["name"]
         rows = []
         for seed in seeds:
@@ -174,14 +130,6 @@ def run(cfg: DictConfig) -> float:
     return min(learned) if learned else math.nan
 
 
-def csv_text(rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def _write(out: Path, table, episodes, timelines) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.csv", csv_text(table, COLUMNS))
@@ -196,39 +144,6 @@ def _write(out: Path, table, episodes, timelines) -> None:
         cols = sorted({k for t in timelines for k in t}, key=lambda k: (k != "controller", k))
         atomic_write_text(out / "timeline.csv", csv_text(timelines, cols))
         plot_workers_spend(out / "workers_spend.png", timelines)
-
-
-def plot_workers_spend(
-    path: Path,
-    timelines: list[dict[str, Any]],
-    title: str = "seed 0 (held out): GPUs held and dollars spent",
-    seconds_per_unit: float = 60.0,
-    unit: str = "min",
-    ylabel: str = "GPUs held",
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    styles = ("-", "--", ":", "-.")
-    for i, name in enumerate(dict.fromkeys(t["controller"] for t in timelines)):
-        rows = [t for t in timelines if t["controller"] == name]
-        x = [r["wall_time_s"] / seconds_per_unit for r in rows]
-        ls, lw = styles[i % len(styles)], 2.5 - 0.5 * (i % 3)
-        ax1.step(x, [r["gpus"] for r in rows], where="post", label=name, linestyle=ls, linewidth=lw)
-        ax2.plot(x, [r["spend_usd"] for r in rows], label=name, linestyle=ls, linewidth=lw)
-    ax1.set_ylabel(ylabel)
-    ax1.set_title(title)
-    ax2.set_ylabel("spend ($)")
-    ax2.set_xlabel(f"wall time ({unit})")
-    ax1.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="elastic")

@@ -32,9 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 from adapters.ddp_backend import TrainingDiverged, WorkerFailure
 from adapters.elastic_job import RealElasticBackend
 from dynamix_gym.elastic.evaluation import run_elastic_episode
+from dynamix_gym.elastic.lineup import lineup
 from dynamix_gym.elastic.pools import get_pool
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
-from experiments.elastic import controllers, csv_text, host_record, plot_workers_spend
+from experiments.reports.elastic import csv_text, host_record, plot_workers_spend
 from sim.datafiles import atomic_write_text
 from sim.pool import pool_from_dict
 from sim.specs_io import spec_to_dict
@@ -100,7 +101,7 @@ def run(cfg: DictConfig) -> float:
     load_start = [round(x, 2) for x in os.getloadavg()]
     table, episodes, timelines = [], [], []
     first_learned = math.nan
-    for spec, ctl, kw in controllers(raw["controllers"], env_kwargs, baseline_lr):
+    for spec, ctl, kw in lineup(raw["controllers"], env_kwargs, baseline_lr, resolve=to_absolute_path):
         name = spec["name"]
         sim_rows = [run_elastic_episode(ElasticClusterEnv(**kw), ctl, int(s)) for s in raw["sim_seeds"]]
         real_rows = []

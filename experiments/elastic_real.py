@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adapters.config import RealDDPConfig
 from adapters.elastic import run_schedule
-from experiments.elastic import host_record
+from experiments.reports.elastic import host_record
 from sim.datafiles import atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs the backend configs name)
 from dynamix_gym.controllers.base import env_options
-from dynamix_gym.evaluation import SUMMARY_COLUMNS, run_episode
+from dynamix_gym.evaluation import SUMMARY_COLUMNS, controller_label, run_episode
 from dynamix_gym.reward import RewardConfig
 from experiments.common import atomic_write_text, plain
 from sim.profile import ClusterProfile, load_profile
@@ -89,16 +89,6 @@ def make_env(cfg: DictConfig, action_mode: str, specs: dict[str, Any] | None = N
     if profile is not None:  # the simulator uses the profile's fitted models
         env_kwargs["profile"] = profile
     return factory(**(specs or build_specs(cfg)), action_mode=action_mode, **env_kwargs)
-
-
-def controller_label(controller: Any) -> str:
-    """The controller's ``name``; a static controller's carries its batch (``static-128``) so that
-    static runs at different batches stay apart in summaries."""
-    name = str(controller.name)
-    batch = getattr(controller, "batch", None)
-    if name == "static" and isinstance(batch, int | float) and not isinstance(batch, bool):
-        return f"static-{int(batch)}"
-    return name
 
 
 def evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> float:

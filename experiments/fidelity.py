@@ -36,17 +36,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from dynamix_gym.controllers.base import env_options
-from dynamix_gym.measurement.compare import ppo_advantage, ranking, tta_table
-from dynamix_gym.measurement.profiling import quiet_wait
-from experiments import fidelity_summary as fs
-from experiments.common import atomic_write_text, shown
-from experiments.fidelity_checks import collapses, interval_errors, ladder_holdout, speed_ladder
-from experiments.obs_gap import read_gap
-from experiments.reports.fidelity_plots import plot_accuracy, plot_iteration_times, plot_tta
-from experiments.reports.fidelity_report import construction_notes, report_markdown, where_wrong
-from experiments.reports.markdown import overrides_text
-from experiments.sim2real import (
+from adapters.sim2real import (
     RealEnvs,
     build_scenario,
     controller_specs,
@@ -55,6 +45,16 @@ from experiments.sim2real import (
     sim_env,
     spec_controller,
 )
+from dynamix_gym.controllers.base import env_options
+from dynamix_gym.measurement.compare import ppo_advantage, ranking, tta_table
+from dynamix_gym.measurement.profiling import quiet_wait
+from experiments.common import atomic_write_text, shown
+from experiments.obs_gap import read_gap
+from experiments.reports.fidelity_plots import plot_accuracy, plot_iteration_times, plot_tta
+from experiments.reports.fidelity_report import construction_notes, report_markdown, where_wrong
+from experiments.reports.markdown import overrides_text
+from experiments.sim_to_real import summary as fs
+from experiments.sim_to_real.checks import collapses, interval_errors, ladder_holdout, speed_ladder
 from sim.datafiles import dump_json
 from sim.faults import Scenario
 from sim.profile import ClusterProfile
@@ -82,7 +82,7 @@ def resolve_ppo(cfg: DictConfig) -> tuple[str | None, str]:
 @dataclass(frozen=True)
 class Setup:
     """What a fidelity run compares: the profile, the real backend it was measured on, the
-    scenario both play, the controllers (:func:`experiments.sim2real.controller_specs`), K."""
+    scenario both play, the controllers (:func:`adapters.sim2real.controller_specs`), K."""
 
     cfg: DictConfig
     profile: ClusterProfile
@@ -213,7 +213,7 @@ def analyse(setup: Setup, labels: list[str], m: dict[str, Any]) -> dict[str, Any
     if ppo is not None:
         s["ppo_batches"] = fs.ppo_batches(timelines, static[ppo["real"]["best_static"]], n)
     s["targets_met"] = fs.targets_met(s)
-    s["collapses"] = collapses(timelines, 1.0 / profile.workload.num_classes)
+    s["collapses"] = collapses(timelines, profile.workload.chance_quality)
     s["where_wrong"] = where_wrong(s, tta, intervals, labels, profile)
     return {"summary": s, "tta": tta, "intervals": intervals, "holdout": holdout, "ladder": ladder}
 

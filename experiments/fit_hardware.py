@@ -25,7 +25,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 import sim
-from experiments.calibration_fit import parse_pairs
+from experiments.calibration.fit import parse_pairs
 from experiments.common import atomic_write_text, describe_file
 from experiments.reports.markdown import blocks, bullets, render, section, table
 from sim.datafiles import data_path, dump_json

@@ -20,8 +20,9 @@ from typing import Any
 
 import hydra
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from dynamix_gym.benchmark import load_suite, split_tasks, task_interval, task_specs
 from dynamix_gym.controllers.dlb import DLBController
 from dynamix_gym.controllers.interference import (
     FEATURES,
@@ -31,7 +32,6 @@ from dynamix_gym.controllers.interference import (
 )
 from dynamix_gym.controllers.random_controller import RandomController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from experiments.benchmark import split_tasks, task_specs
 from experiments.common import REPO_ROOT, plain
 from sim.faults import scale_intensity
 
@@ -66,7 +66,7 @@ def episode_rows(
 
 
 def collect(cfg: DictConfig) -> list[dict[str, Any]]:
-    bench = OmegaConf.load(REPO_ROOT / str(cfg.benchmark))
+    bench = load_suite(cfg.benchmark)
     split = str(cfg.split)
     if split == "test":
         raise ValueError("split=test: the benchmark's test split is for scoring only")
@@ -74,13 +74,13 @@ def collect(cfg: DictConfig) -> list[dict[str, Any]]:
     jobs = []
     for name in cfg.tasks:
         task = tasks[name]
-        jobs.append((name, task_specs(task, {"kind": "time"}), int(task.get("interval", 50))))
+        jobs.append((name, task_specs(task, {"kind": "time"}), task_interval(task)))
     for name in cfg.generated.tasks:  # the interference preset at other intensities
         task = tasks[name]
         for factor in cfg.generated.intensities:
             specs = task_specs({**task, "scenario": "interference"}, {"kind": "time"})
             specs["scenario"] = scale_intensity(specs["scenario"], float(factor))
-            jobs.append((f"{name}+interference x{factor}", specs, int(task.get("interval", 50))))
+            jobs.append((f"{name}+interference x{factor}", specs, task_interval(task)))
     episodes = []
     seed = int(cfg.seed_from)
     for name, specs, interval in jobs:

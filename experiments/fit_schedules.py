@@ -26,13 +26,13 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
+from experiments.calibration.fit import refit_compute_knee
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import table
 from experiments.schedules import LADDER_FILE
 from sim.convergence import CONVERGENCE_MODELS_FILE
 from sim.datafiles import dump_json
 from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, at_bounds, fit_schedules, rmse
-from sim.fitting.step_time import fit_compute_knee
 from sim.hardware import ComputeModel, ComputeParams
 from sim.profile import load_profile
 
@@ -88,22 +88,19 @@ def same_day_step_times(out_dir: Path, interval: int) -> tuple[np.ndarray, np.nd
 
 def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[str, Any]:
     """Replace ``profile_dir``'s compute model and interval overhead by the same-day fit (in place):
-    :func:`sim.fitting.step_time.fit_compute_knee` on :func:`same_day_step_times`."""
+    :func:`experiments.calibration.fit.refit_compute_knee` on :func:`same_day_step_times`."""
     b, t, overhead = same_day_step_times(out_dir, interval)
-    doc = json.loads((profile_dir / "compute_models.json").read_text())
-    (old,) = doc["models"]
-    params, fit = fit_compute_knee(b, t, old["gpu"], old["app"], int(old["max_batch"]))
-    doc = {"generated_by": f"{COMMAND} (same-day step times from the static real runs)",
-           "models": [asdict(params)]}  # fmt: skip
-    (profile_dir / "compute_models.json").write_text(dump_json(doc))
+    refit = refit_compute_knee(
+        profile_dir, b, t, f"{COMMAND} (same-day step times from the static real runs)"
+    )
     prof = json.loads((profile_dir / "profile.json").read_text())
     before = float(prof["simulator"]["interval_overhead_s"])
     prof["simulator"]["interval_overhead_s"] = overhead
     (profile_dir / "profile.json").write_text(dump_json(prof))
     ladder_file = out_dir / LADDER_FILE
     ladder = json.loads(ladder_file.read_text()) if ladder_file.exists() else None
-    return {"batches": b.tolist(), "compute_s": t.tolist(), "fit": fit, "overhead_s": (before, overhead),
-            "before": old, "after": asdict(params), "ladder": ladder}  # fmt: skip
+    return {"batches": b.tolist(), "compute_s": t.tolist(), "overhead_s": (before, overhead), "ladder": ladder,
+            **refit}  # fmt: skip
 
 
 def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:

@@ -1,7 +1,7 @@
 """Runs that provoke collapses, to choose and check the guards' defaults (:mod:`sim.guards`).
 
     python -m experiments.guard_campaign                      # every job, seeds 0-7, watch and act
-    python -m experiments.guard_campaign jobs='{reckless: ${jobs.reckless}}' seeds=[0,1]
+    python -m experiments.guard_campaign run=[reckless] seeds=[0,1]
     python -m experiments.guard_campaign +guards.quality_drop=0.2 out_dir=/tmp/g
 
 Each job (``conf/guard_campaign.yaml``) runs on real CPU ranks once per seed under ``guards=watch``,
@@ -16,6 +16,7 @@ intervals, scipy) to ``out_dir``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -66,6 +67,9 @@ def run_one(
             final_quality=qualities[-1],
             diverged=False,
             first_collapse=first_collapse(qualities, float(cfg.collapse_drop)),
+            # the run's validation series: the watchdog replayed on the watch runs (report's grid)
+            qualities=json.dumps([round(q, 5) for q in qualities]),
+            losses=json.dumps([round(r["val_loss"], 5) for r in tl]),
         )
     except TrainingDiverged as err:  # the loss went non-finite and nothing could be rolled back
         row.update(reached=False, time_to_target_s=math.nan, total_time_s=backend.wall_time_s(),
@@ -133,7 +137,10 @@ def main(cfg: DictConfig) -> None:
     out = Path(hydra.utils.to_absolute_path(str(cfg.out_dir)))
     guards = plain(cfg.guards) or {}
     rows = []
-    plan = [(name, seed, mode) for name in cfg.jobs for seed in cfg.seeds for mode in cfg.modes]
+    unknown = sorted(set(cfg.run) - set(cfg.jobs))
+    if unknown:
+        raise ValueError(f"run names unknown jobs {unknown}; known: {sorted(cfg.jobs)}")
+    plan = [(name, seed, mode) for name in cfg.run for seed in cfg.seeds for mode in cfg.modes]
     for name, seed, mode in tqdm(plan, desc="guard campaign"):
         job = plain(cfg.jobs[name])
         job["backend"] = {k: tuple(v) if isinstance(v, list) else v for k, v in job["backend"].items()}

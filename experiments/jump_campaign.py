@@ -27,6 +27,7 @@ from tqdm import tqdm
 from adapters.ddp_backend import DDPBackend
 from experiments.common import atomic_write_text, plain
 from sim.guards import TrainingDiverged
+from sim.scaling import lr_gain
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ KEY = ("rule", "ramp", "point", "jump", "seed")
 
 def campaign_guards(ramp: int) -> dict[str, Any]:
     """The guards of a campaign run: the ramp under test, no cap, a watchdog that never fires on
-    quality or loss (a non-finite loss still stops the run: it is the deepest collapse)."""
+    quality or loss; a non-finite loss still fires it, and the run stops there as diverged (the
+    deepest collapse), whatever the guards did about it."""
     return {"mode": "act", "max_lr_gain": None, "lr_ramp_iters": int(ramp), "quality_drop": 1.0,
             "loss_factor": None, "patience": 10**6, "snapshot_tolerance": 0.0}  # fmt: skip
 
@@ -51,13 +53,19 @@ def run_one(
     small = backend.spec.initial_batch
     big = small * int(jump)
     qualities, lrs = [], []
-    diverged = False
+    diverged, jump_lr = False, math.nan
     try:
         for i in range(pre + int(cfg.post)):
+            if i == pre:  # the rate the jump asks for, known before it runs (a run may diverge at once)
+                gain = lr_gain(rule, int(big.sum()), backend.spec.base_batch, backend.noise.noise_scale)
+                jump_lr = backend.config.base_lr * gain
             report = backend.run_interval(small if i < pre else big, k)
+            if backend.guard.events:  # only a non-finite loss fires these guards (then rolled back)
+                diverged = True
+                break
             qualities.append(report.val_accuracy)
             lrs.append(max(backend.last_replies[0]["lr"], 0.0))
-    except TrainingDiverged:
+    except TrainingDiverged:  # non-finite before any snapshot: nothing to roll back to
         diverged = True
     before = qualities[pre - 1] if len(qualities) >= pre else math.nan
     after = qualities[pre:]
@@ -71,7 +79,7 @@ def run_one(
         "diverged": diverged,
         "collapsed": diverged or depth >= float(cfg.collapse_drop),
         "lr_before": lrs[pre - 1] if len(lrs) >= pre else math.nan,
-        "lr_after": max(lrs[pre:]) if len(lrs) > pre else math.nan,
+        "lr_after": max([jump_lr, *lrs[pre:]]) if len(qualities) >= pre else math.nan,
         "intervals_after": len(after),
     }
 

@@ -21,13 +21,7 @@ import numpy as np
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym import OBS_SCHEMA
-from dynamix_gym.controllers.base import Controller
-from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.obs import split_centralised
-from experiments.common import atomic_write_text
-from experiments.reports.markdown import render, table
-from experiments.sim2real import (
+from adapters.sim2real import (
     RealEnvs,
     build_scenario,
     controller_specs,
@@ -35,6 +29,12 @@ from experiments.sim2real import (
     sim_env,
     spec_controller,
 )
+from dynamix_gym import OBS_SCHEMA
+from dynamix_gym.controllers.base import Controller
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.obs import split_centralised
+from experiments.common import atomic_write_text
+from experiments.reports.markdown import render, table
 
 log = logging.getLogger(__name__)
 COMMAND = "python -m experiments.obs_gap"

@@ -9,8 +9,8 @@
    rate, validates the candidate on the *train* split's tasks (seeds >= 100) and promotes it only
    if it is faster there.
 2. The curve: every version the service ever served is scored deterministically on the stream's
-   test tasks at the test split's own seeds (0, 1): mean time to accuracy (twice the time used
-   when the target is missed), and its ratio to the pretrained bundle.
+   test tasks at the test split's own seeds (0, 1): mean time to accuracy (the time budget when
+   the target is missed: dynamix_gym.benchmark's one score), and its ratio to the pretrained bundle.
 3. Poisoning: anti-policy transitions (every action but the policy's choice paid for) are fed to
    the learner. Validation should reject the candidate; if it does, it is promoted anyway (an
    operator's override). Either way the jobs the poisoned version then serves measure it against
@@ -31,17 +31,18 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from dynamix_gym.benchmark import load_suite, run_score_s, split_tasks, task_interval, task_specs
+from dynamix_gym.benchmark.validation import score_bundle
 from dynamix_gym.controllers.bundle import load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service.client import RemoteController
-from dynamix_gym.service.learner import LearnerConfig
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
-from experiments.benchmark import split_tasks, task_specs
+from dynamix_gym.service.learner import LearnerConfig, attach_learner
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig
+from dynamix_gym.service.transport import build_server
 from experiments.common import REPO_ROOT, atomic_write_text, plain
-from experiments.serve import attach_learner, episode_tta, score_bundle
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,16 @@ def _wave(address: str, token: str, tasks: dict, names: list[str], seeds: list[i
         env = HeteroClusterEnv(
             **task_specs(task, {"kind": "time"}),
             action_mode="absolute",
-            interval=int(task.get("interval", 50)),
+            interval=task_interval(task),
         )
         ctl = RemoteController(address, token=token, job_id=f"{tag}-{i}", task=names[i], timeout_s=10.0)
         s = run_episode(env, ctl, seeds[i]).summary
         ctl.close(final_report=env.unwrapped.last_report)
+        budget = env.unwrapped.backend.spec.time_budget_s
         out[i] = {
             "task": names[i],
             "seed": seeds[i],
-            "tta_s": episode_tta(s),
+            "tta_s": run_score_s(s["reached_target"], s["time_to_accuracy_s"], budget),
             "reached": s["reached_target"],
             "version": ctl.client.policy_version,
             "decisions": s["decisions"],
@@ -108,7 +110,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("transitions.jsonl",):
         (out / stale).unlink(missing_ok=True)
-    bench = OmegaConf.load(REPO_ROOT / str(cfg.benchmark))
+    bench = load_suite(cfg.benchmark)
     test_tasks, test_seeds = split_tasks(bench, "test")
     names = list(cfg.stream.tasks)
     seeds_from = int(cfg.stream.seeds_from)
@@ -126,7 +128,9 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
     import shutil
 
     shutil.rmtree(out / "versions", ignore_errors=True)
-    learner = attach_learner(cfg, store, service, out / "versions")
+    learner = attach_learner(
+        service, store, out / "versions", plain(cfg.learner), plain(cfg.validation), int(cfg.seed)
+    )
     server, port = build_server(service, token, port=0, threads=8)
     server.start()
     address = f"127.0.0.1:{port}"
@@ -162,7 +166,7 @@ def online_learning(cfg: DictConfig) -> dict[str, Any]:
             log.info("wave %d: mean TTA %.1f s; update %s", w, waves[-1]["mean_tta_s"], waves[-1]["update"])
         # --- poisoning ---------------------------------------------------------------------------------
         serving = store.get()
-        obs = np.array([t[2] for t in learner.transitions()], dtype=np.float32)
+        obs = np.array([t.obs for t in learner.transitions()], dtype=np.float32)
         rng = np.random.default_rng(int(cfg.seed) + 2)
         # the poison is logged transitions: PPO's update takes them whatever mode served the stream
         poison_cfg = LearnerConfig(**{**plain(cfg.learner), "mode": "ppo", **plain(cfg.poison.learner)})

@@ -9,7 +9,7 @@ and in the simulator calibrated to it for ``sim_seeds``, every run for ``time_bu
 stop: the curves run to their plateau). Each run is saved as one JSON file under ``out_dir/runs``
 as soon as it ends, so an interrupted campaign resumes where it stopped. The comparison (time to
 target, final accuracy, Kendall's tau of the schedules' ranking, seconds per step by batch) is in
-:mod:`experiments.schedules_report`, written to ``report`` with its figures.
+:mod:`experiments.reports.schedules`, written to ``report`` with its figures.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from adapters.config import real_config_of
+from adapters.sim2real import RealEnvs, build_scenario
 from dynamix_gym.controllers.schedule import AccuracyScheduleController, parse_phases
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.measurement.profiling import quiet_wait
 from experiments.common import atomic_write_text
-from experiments.sim2real import RealEnvs, build_scenario
 from sim.convergence import LR_RULES
 from sim.faults import Scenario
 from sim.profile import ClusterProfile, load_profile
@@ -232,7 +232,7 @@ def load_runs(out: Path, sim_label: str = "sim") -> list[dict[str, Any]]:
 def schedules_app(cfg: DictConfig) -> float:
     """Measure what is missing (unless ``reanalyse``), then write the report; returns the lowest
     Kendall's tau over the regimes (nan without real runs)."""
-    from experiments.schedules_report import analyse, write_report
+    from experiments.reports.schedules import analyse, write_report
 
     profile = load_profile(to_absolute_path(str(cfg.profile)))
     sim_profile = profile if cfg.sim_profile is None else load_profile(to_absolute_path(str(cfg.sim_profile)))

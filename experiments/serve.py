@@ -17,7 +17,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,104 +24,23 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from dynamix_gym.controllers.base import env_options
-from dynamix_gym.controllers.bundle import PolicyBundle, PPOController, load_bundle
-from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.evaluation import run_episode
-from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server, load_token
-from experiments.common import REPO_ROOT, atomic_write_text, plain
+from dynamix_gym.controllers.bundle import load_bundle
+from dynamix_gym.service.learner import OnlineLearner
+from dynamix_gym.service.learner import attach_learner as attach_online_learner
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig
+from dynamix_gym.service.transport import build_server, load_token
+from experiments.common import atomic_write_text, plain
 
 log = logging.getLogger(__name__)
 
-#: Seeds the benchmark keeps for scoring; validation of online updates never uses them.
-MIN_VALIDATION_SEED = 100
-
-
-def episode_tta(summary: dict[str, Any]) -> float:
-    """A run's time to accuracy, or twice the time used when it missed the target (as pretraining's
-    validation scores a miss)."""
-    return float(
-        summary["time_to_accuracy_s"] if summary["reached_target"] else 2.0 * summary["total_time_s"]
-    )
-
-
-def score_bundle(bundle: PolicyBundle, tasks: dict, names: list[str], seeds: list[int]) -> dict[str, float]:
-    """{task: mean :func:`episode_tta` over ``seeds``} of ``bundle`` on the simulated benchmark
-    ``tasks`` named in ``names``, each env built with the bundle's schema and steps."""
-    from experiments.benchmark import task_specs
-
-    ctl = PPOController(bundle=bundle)
-    out = {}
-    for name in names:
-        task = tasks[name]
-        specs = task_specs(task, {"kind": "time"})
-        times = []
-        for seed in seeds:
-            env = HeteroClusterEnv(
-                **specs,
-                interval=int(task.get("interval", 50)),
-                action_mode=ctl.action_mode,
-                **env_options(ctl),
-            )
-            try:
-                times.append(episode_tta(run_episode(env, ctl, seed).summary))
-            finally:
-                env.close()
-        out[name] = float(np.mean(times))
-    return out
-
-
-def make_validator(validation: dict[str, Any]):
-    """bundle -> {task: mean TTA (s)} over held-out simulated tasks of the benchmark's train split
-    (twice the time used when a run misses the target)."""
-    from experiments.benchmark import split_tasks
-
-    split = str(validation.get("split", "train"))
-    if split == "test":
-        raise ValueError("validation.split=test: the benchmark's test split is for scoring only")
-    bench = OmegaConf.load(REPO_ROOT / str(validation.get("benchmark", "conf/benchmark/v1.yaml")))
-    tasks, _ = split_tasks(bench, split)
-    names = list(validation.get("tasks") or tasks)
-    unknown = sorted(set(names) - set(tasks))
-    if unknown:
-        raise ValueError(f"validation.tasks {unknown} are not in split {split!r}: {sorted(tasks)}")
-    seeds = [int(s) for s in validation.get("seeds", [100, 101])]
-    if min(seeds) < MIN_VALIDATION_SEED:
-        raise ValueError(f"validation.seeds must be >= {MIN_VALIDATION_SEED}, got {seeds}")
-
-    return Validator({n: tasks[n] for n in names}, names, seeds)
-
-
-@dataclass(frozen=True)
-class Validator:
-    """bundle -> {task: mean :func:`episode_tta` over ``seeds``}: a plain object, so that
-    ``learner.worker=process`` can send it to the child that validates a candidate."""
-
-    tasks: dict[str, Any]
-    names: list[str]
-    seeds: list[int]
-
-    def __call__(self, bundle: PolicyBundle) -> dict[str, float]:
-        return score_bundle(bundle, self.tasks, self.names, self.seeds)
-
 
 def attach_learner(cfg: DictConfig, store: Any, service: Any, versions: Path) -> OnlineLearner:
-    """The online learner of ``cfg.learner`` / ``cfg.validation`` over the store's default bundle,
-    its candidates kept under ``versions``, attached to ``service`` (the one place both apps build it)."""
-    learner = OnlineLearner(
-        store,
-        "default",
-        versions,
-        make_validator(plain(cfg.validation)),
-        LearnerConfig(**plain(cfg.learner)),
-        rng=np.random.default_rng(int(cfg.seed) + 1),
-        log=service.log,
+    """The online learner of ``cfg.learner`` / ``cfg.validation`` (:func:`dynamix_gym.service.learner.attach_learner`)."""
+    return attach_online_learner(
+        service, store, versions, plain(cfg.learner), plain(cfg.validation), int(cfg.seed)
     )
-    service.learner = learner
-    return learner
 
 
 def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:

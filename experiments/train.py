@@ -3,10 +3,17 @@
     python -m experiments.train                               # defaults: conf/train.yaml
     python -m experiments.train experiment=train_headline     # the headline policy's preset
     python -m experiments.train run_dir=<dir>                 # resume an interrupted run from its last checkpoint
-    python -m experiments.train experiment=train_elastic_ppo  # dynamix/ElasticCluster-v0 (also _sac)
+    python -m experiments.train_elastic learner=ppo           # the elastic learners have their own app
 
 Its presets are ``conf/experiment/train_*.yaml``; the others in ``conf/experiment/`` are
 ``experiments.evaluate``'s (tests/experiments/test_launchers.py composes each with its app).
+``experiment=train_elastic_*`` still runs an elastic learner (:mod:`experiments.train_elastic`)
+from its ``elastic`` block; a command-line setting of this trainer's (``seed``, ``ppo.*``, ...),
+which that learner would ignore, is refused then.
+
+The composed configuration is checked against :class:`~dynamix_gym.learning.config.TrainConfig`
+before anything runs: a key that is not one of its fields (a misspelling included), in the top
+level or in ``expert_pretrain``, is an error naming it.
 
 Writes ``<run_dir>/best`` (the bundle with the best validation time-to-accuracy), ``<run_dir>/policy``
 (the final bundle), checkpoints and TensorBoard logs. Returns the best validation time-to-accuracy
@@ -20,31 +27,44 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from dynamix_gym.learning.training import TrainConfig, train
+from dynamix_gym.benchmark.suite import validation_tasks
+from dynamix_gym.learning.config import TrainConfig
+from dynamix_gym.learning.training import train
 from experiments.common import atomic_write_text
 
 log = logging.getLogger(__name__)
+
+#: Keys of conf/train.yaml that are the app's: its run name, the reward group (which goes into
+#: ``env.reward``), the benchmark tasks validation runs on (-> ``eval_tasks``), an elastic learner.
+APP_KEYS = ("task_name", "reward", "eval_benchmark_tasks", "elastic")
+
+
+def train_config(raw: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of the app's composed configuration ``raw`` (plain containers),
+    checked field by field."""
+    kwargs = {k: v for k, v in raw.items() if k not in APP_KEYS}
+    kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
+    kwargs["env"] = {**(raw.get("env") or {}), "reward": raw["reward"]}
+    if kwargs.get("finetune_from"):
+        kwargs["finetune_from"] = to_absolute_path(kwargs["finetune_from"])
+    if raw.get("eval_benchmark_tasks"):
+        kwargs["eval_tasks"] = validation_tasks(list(raw["eval_benchmark_tasks"]))
+    return TrainConfig.from_mapping(kwargs)
 
 
 def run(cfg: DictConfig) -> float:
     raw = OmegaConf.to_container(cfg, resolve=True)
     if raw.get("elastic"):  # dynamix/ElasticCluster-v0 learners (experiment=train_elastic_*)
         return run_elastic(raw)
-    fields = set(TrainConfig.__dataclass_fields__)
-    kwargs = {k: v for k, v in raw.items() if k in fields}
-    kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
-    kwargs["env"] = {**raw.get("env", {}), "reward": raw["reward"]}
-    if kwargs.get("finetune_from"):
-        kwargs["finetune_from"] = to_absolute_path(kwargs["finetune_from"])
-    if raw.get("eval_benchmark_tasks"):
-        kwargs["eval_tasks"] = benchmark_eval_tasks(list(raw["eval_benchmark_tasks"]))
-    result = train(TrainConfig(**kwargs), config_dict=raw)
-    out = Path(kwargs["run_dir"]) / "train_summary.json"
+    result = train(train_config(raw), config_dict=raw)
+    out = Path(to_absolute_path(str(raw["run_dir"]))) / "train_summary.json"
     atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
     best_min = result["best_validation_tta_s"] / 60.0
     log.info("best validation time-to-accuracy: %.2f min (%s)", best_min, result["best_bundle"])
@@ -52,41 +72,35 @@ def run(cfg: DictConfig) -> float:
 
 
 def benchmark_eval_tasks(names: list[str], split: str = "train") -> list[dict]:
-    """The named tasks of dynamix-bench-v1's ``split`` as validation tasks (sim specs). Validation
-    may use the train split only: the test split is for scoring alone."""
-    from experiments.benchmark import split_tasks, task_specs
+    """The named tasks of dynamix-bench-v1's ``split`` as validation tasks (sim specs); see
+    :func:`dynamix_gym.benchmark.suite.validation_tasks`."""
+    return validation_tasks(names, split)
 
-    if split != "train":
-        raise ValueError(f"validation tasks come from the benchmark's train split, not {split!r}")
-    bench = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "benchmark" / "v1.yaml")
-    tasks, _ = split_tasks(bench, split)
-    unknown = sorted(set(names) - set(tasks))
-    if unknown:
-        raise ValueError(
-            f"eval_benchmark_tasks: {unknown} are not tasks of the train split; choose from {sorted(tasks)}"
-        )
-    out = []
-    for name in names:
-        specs = task_specs(tasks[name], "time")
-        out.append({"name": name, "interval": int(tasks[name].get("interval", 50)),
-                    **{k: specs[k] for k in ("cluster", "workload", "scenario")}})  # fmt: skip
-    return out
+
+def _foreign_overrides() -> list[str]:
+    """Command-line overrides of this trainer's keys (not ``elastic.*``, the preset, the run dir)."""
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:  # no Hydra run (called from code)
+        return []
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    own = ("elastic", "experiment", "run_dir", "hydra")
+    return [k for k in keys if k.split(".", 1)[0] not in own and k.split("/", 1)[0] not in own]
 
 
 def run_elastic(raw: dict) -> float:
-    """Train an elastic learner (PPO, SAC or TD3); returns the best validation dollars to accuracy."""
-    from dynamix_gym.elastic.training import ElasticTrainConfig, train_elastic
+    """Train the elastic learner of ``raw["elastic"]`` (``experiment=train_elastic_*``); returns
+    the best validation dollars to accuracy."""
+    from experiments.train_elastic import run_elastic as train_elastic_learner
 
-    kwargs = dict(raw["elastic"])
-    kwargs["run_dir"] = to_absolute_path(str(raw["run_dir"]))
-    if "eval_seeds" in kwargs:
-        kwargs["eval_seeds"] = tuple(kwargs["eval_seeds"])
-    result = train_elastic(ElasticTrainConfig(**kwargs), config_dict=raw)
-    out = Path(kwargs["run_dir"]) / "train_summary.json"
-    atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
-    value = result["best_validation"]["dollars_to_accuracy"]
-    log.info("best validation dollars to accuracy: %.4f (%s)", value, result["best_bundle"])
-    return value
+    foreign = _foreign_overrides()
+    if foreign:
+        raise ValueError(
+            f"{foreign[0]} is a setting of the cluster PPO trainer; an elastic learner (experiment="
+            f"train_elastic_*) takes its settings under elastic.* (elastic.{foreign[0]}=...), or run "
+            "python -m experiments.train_elastic learner=<ppo|sac|td3|ppo_cpu> with them"
+        )
+    return train_elastic_learner({**raw["elastic"], "run_dir": raw["run_dir"]}, config_dict=raw)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")

@@ -205,9 +205,11 @@ class ElasticJob(PoolLedger):
 
     Args:
         pool: the :class:`PoolSpec`.
-        workload, scenario: as for :class:`Simulator` (faults act on every slot).
-        lr_tolerance, lr_exponent: w and a of the learning-rate response (see the module
-            docstring; ``None``: the fitted ones of ``sim/data/lr_response.json``).
+        workload: as for :class:`Simulator`.
+        scenario: as for :class:`Simulator` (faults act on every slot).
+        lr_tolerance: w of the learning-rate response (see the module docstring; ``None``: the
+            fitted one of ``sim/data/lr_response.json``).
+        lr_exponent: a of the learning-rate response (``None``: the fitted one).
         **sim_kwargs: passed to :class:`Simulator` (``profile`` defaults to the pool's).
     """
 

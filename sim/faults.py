@@ -436,9 +436,6 @@ class ClusterState:
         self.bandwidth_factor = bandwidth
         self.congestion_loss_rate = loss_rate
 
-    def active_kinds(self, worker: int) -> list[str]:
-        return sorted({f.kind for f in self._active.values() if f.worker == worker})
-
 
 class FaultInjector:
     """Starts the SimPy processes of a scenario on a cluster; all draws from ``rng``."""

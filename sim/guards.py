@@ -15,8 +15,10 @@ Three mechanisms, configured by one :class:`GuardConfig` (``mode="act"``, the de
    scale's exponential moving average, so it is smoothed as well as capped.
 3. **A divergence watchdog with rollback** (:class:`Watchdog`). After every interval it compares the
    validation quality (the report's rising ``val_accuracy``) with its best so far and the validation
-   loss with its lowest so far. An interval is *bad* when the quality is more than ``quality_drop``
-   below its best, or the loss above ``loss_factor`` times its lowest, or the loss is not finite;
+   loss with its lowest so far, each as held for ``best_window`` good intervals in a row (a
+   one-interval peak early in a run is no best to fall from). An interval is *bad* when the
+   quality is more than ``quality_drop`` below its best, or the loss above ``loss_factor`` times
+   its lowest, or the loss is not finite;
    ``patience`` bad intervals in a row (a non-finite loss at once) *fire* it. A backend then rolls
    training back to its last good snapshot (model, optimiser, data position, noise-scale estimate,
    the batches and learning rate in force then), and a fallback holds control for ``cooldown``
@@ -75,6 +77,9 @@ class GuardConfig:
         fallback: ``"hold"`` (the snapshot's batches) or a controller name (env and drop-in).
         max_rollbacks: firings after which the fallback keeps control for the rest of the run (>= 1).
         lr_backoff: factor on the learning rate after each rollback, (0, 1] (1: none).
+        best_window: the quality's best (and the loss's lowest) is the level it held for this many good
+            intervals in a row (>= 1; 1: a single interval's peak), so that the volatile first
+            intervals of a run (a peak at 0.5, then 0.1, then on its way) do not fire it.
         snapshot_tolerance: an interval within this much of the best quality (and not bad) is good
             and snapshotted ([0, quality_drop]).
     """
@@ -90,6 +95,7 @@ class GuardConfig:
     max_rollbacks: int = 3
     snapshot_tolerance: float = 0.05
     lr_backoff: float = 0.5
+    best_window: int = 2
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -118,6 +124,7 @@ class GuardConfig:
         whole("patience", 1)
         whole("cooldown", 0)
         whole("max_rollbacks", 1)
+        whole("best_window", 1)
         if not isinstance(self.fallback, str) or not self.fallback:
             raise bad("fallback", "'hold' or a controller name")
         if not 0.0 <= number("snapshot_tolerance") <= self.quality_drop:
@@ -260,9 +267,11 @@ class Watchdog:
     best_quality: float = field(default=-math.inf, init=False)
     lowest_loss: float = field(default=math.inf, init=False)
     streak: int = field(default=0, init=False)
+    recent: list[tuple[float, float]] = field(default_factory=list, init=False)  # the last good intervals
 
     def reset(self) -> None:
         self.best_quality, self.lowest_loss, self.streak = -math.inf, math.inf, 0
+        self.recent = []
 
     def check(self, quality: float, loss: float) -> Verdict:
         """One interval's validation quality (rising fraction) and loss."""
@@ -282,21 +291,27 @@ class Watchdog:
             )
         if reasons:
             self.streak += 1
+            self.recent = []
             fire = self.streak >= cfg.patience
             tail = f" for {self.streak} intervals in a row" if self.streak > 1 else ""
             return Verdict(fire=fire, reason="; ".join(reasons) + tail)
         self.streak = 0
-        self.best_quality = max(self.best_quality, quality)
-        self.lowest_loss = min(self.lowest_loss, loss)
+        # the best is a level held for best_window good intervals in a row, not a one-interval peak
+        self.recent = [*self.recent, (quality, loss)][-cfg.best_window :]
+        if len(self.recent) == cfg.best_window:
+            self.best_quality = max(self.best_quality, min(q for q, _ in self.recent))
+            self.lowest_loss = min(self.lowest_loss, max(lo for _, lo in self.recent))
         return Verdict(good=quality >= self.best_quality - cfg.snapshot_tolerance)
 
-    def state_dict(self) -> dict[str, float]:
-        return {"best_quality": self.best_quality, "lowest_loss": self.lowest_loss, "streak": self.streak}
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_quality": self.best_quality, "lowest_loss": self.lowest_loss, "streak": self.streak,
+                "recent": list(self.recent)}  # fmt: skip
 
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.best_quality = float(state["best_quality"])
         self.lowest_loss = float(state["lowest_loss"])
         self.streak = int(state["streak"])
+        self.recent = [tuple(x) for x in state.get("recent", [])]
 
 
 class Guard:

@@ -85,7 +85,6 @@ class CommModel:
         self.replicas = replicas
         self.nodes = nodes
         self.model_bytes = float(model_bytes)
-        self.size_scale = float(size_scale)
         # The bottleneck type (largest T_sync) paces the ring; its overlap exponent applies.
         bottleneck = max(params, key=lambda p: p.sync_time_s(replicas, nodes))
         self.base_sync_s = size_scale * bottleneck.sync_time_s(replicas, nodes)

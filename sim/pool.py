@@ -1,7 +1,7 @@
 """A pool of rentable GPUs: node types, how many of each are available on demand and on the spot
 market, their hourly prices, spot preemptions and the cost of an elastic restart.
 
-Prices are data: a pool comes from a config (``conf/pool/*.yaml``) that records where its prices
+Prices are data: a pool comes from a config (``sim/data/pool/*.yaml``) that records where its prices
 were read and when (``price_source``, ``price_date``); nothing here holds a price.
 
 The pool's *slots* are every GPU it could ever lend, grouped by offer (node type x market) and

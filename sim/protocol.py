@@ -189,9 +189,6 @@ class IntervalReport:
     def num_workers(self) -> int:
         return int(self.local_batch.shape[0])
 
-    def worker_arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in WORKER_FIELDS}
-
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists and floats) for logs and CSV/JSON writers."""
         out: dict[str, Any] = {}

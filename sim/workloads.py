@@ -127,6 +127,13 @@ class Workload:
         return float(self.metric.to_quality(self.target_accuracy))
 
     @property
+    def chance_quality(self) -> float:
+        """The quality of an untrained model: the metric's ``untrained`` value as a quality, else a
+        uniform guess among ``num_classes`` (the convergence model's starting point)."""
+        m = self.metric
+        return float(m.to_quality(m.untrained)) if m.untrained is not None else 1.0 / self.num_classes
+
+    @property
     def model_bytes(self) -> float:
         return 4.0e6 * self.params_millions
 

@@ -147,7 +147,8 @@ def main() -> None:
         print(
             f"done: {step} steps, {ctl.decisions} decisions, val acc {acc:.4f}, {elapsed:.1f} s, "
             f"local batches {ctl.batches.tolist()}, controller overhead {100 * ctl.overhead_s / elapsed:.2f}% "
-            f"(policy {ctl.policy.name}); guards {ctl.guard.summary()}",
+            f"(policy {ctl.policy.name}, {ctl.decisions_without_policy} decisions made without it); "
+            f"guards {ctl.guard.summary()}",
             flush=True,
         )
     ctl = optimizer = model = None  # free them before destroying the group

@@ -23,8 +23,8 @@ class SimBackend(GuardedBackend):
         cluster: preset name or :class:`ClusterSpec`; ignored when ``workers`` is given. ``None``:
             the profile's cluster, else ``"t4v100"``.
         workers: build the default T4/V100 mix with this many workers.
-        workload, scenario: preset names or specs (workload ``None``: the profile's, else
-            ``"cifar10"``).
+        workload: preset name or spec (``None``: the profile's, else ``"cifar10"``).
+        scenario: preset name or spec.
         initial_batch: local batch of every worker in the first interval (default: the workload's,
             limited to each worker's range).
         profile: a calibrated cluster profile (path, name or ``sim.profile.ClusterProfile``;

@@ -33,11 +33,39 @@ class Controller(Protocol):
 
 
 class BaseController:
-    """Convenience base: stores the backend spec and a generator at reset."""
+    """Convenience base: stores the backend spec and a generator at reset, and declares the optional
+    hooks every caller (:func:`~dynamix_gym.evaluation.run_episode`, the apps, the drop-in) calls,
+    with defaults that do nothing: override them where a controller needs them.
+
+    * :meth:`env_options`: env keyword arguments besides the action mode (a bundle: its
+      observation schema and action set);
+    * :meth:`initial_batches`: the warm-up interval's batches (None: the backend's initial batch);
+    * :meth:`check_env`: refuse an env the controller cannot drive (a bundle: another action set);
+    * :meth:`prepare`: see the episode's env and seed before it starts (the hindsight limit
+      searches replays of it);
+    * :attr:`search_log`: what a planning controller searched (the hindsight limit's), or None.
+    """
 
     name: ClassVar[str] = "base"
     action_mode: ClassVar[str] = "absolute"
     uses_truth: ClassVar[bool] = False
+    search_log: dict[str, Any] | None = None
+
+    def env_options(self) -> dict[str, Any]:
+        """Env keyword arguments this controller needs besides its ``action_mode``."""
+        return {}
+
+    def initial_batches(self, spec: BackendSpec) -> np.ndarray | None:
+        """The warm-up interval's local batches, or None for the backend's initial batch."""
+        return None
+
+    def check_env(self, env: Any) -> None:
+        """Raise if this controller cannot drive ``env`` (the unwrapped env)."""
+        return None
+
+    def prepare(self, env: Any, seed: int) -> None:
+        """Called with the episode's env and seed before its reset."""
+        return None
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         self.spec = spec
@@ -95,16 +123,31 @@ def check_fraction(owner: str, field: str, value: float) -> float:
     return float(value)
 
 
+#: The hooks of a controller that does not derive from BaseController (a bare Controller): the defaults.
+_NO_HOOKS = BaseController()
+
+
+def hooks(controller: Controller) -> BaseController:
+    """``controller`` where it derives from :class:`BaseController` (whose hooks it declares), else
+    an object with the default hooks: a bare :class:`Controller` has none of its own."""
+    return controller if isinstance(controller, BaseController) else _NO_HOOKS
+
+
 def start_options(controller: Controller, spec: Any) -> dict[str, Any] | None:
     """Reset options for a controller that picks the warm-up interval's batches itself
-    (``initial_batches(spec)`` returning an array; ``None``: the backend's initial batch)."""
-    pick = getattr(controller, "initial_batches", None)
-    initial = pick(spec) if pick is not None else None
+    (:meth:`BaseController.initial_batches` returning an array; ``None``: the backend's initial batch)."""
+    initial = hooks(controller).initial_batches(spec)
     return None if initial is None else {"initial_batches": initial}
 
 
+def decided_without_policy(controller: Controller) -> bool:
+    """Whether the controller's last ``predict`` kept the batches because its policy did not decide
+    (a remote policy that refused the job or did not answer: ``last_without_policy``); ``False`` for
+    a controller that always decides itself."""
+    return bool(getattr(controller, "last_without_policy", False))
+
+
 def env_options(controller: Controller) -> dict[str, Any]:
-    """Env keyword arguments a controller needs besides its ``action_mode`` (a policy bundle: its
-    observation schema and action set); ``{}`` for a controller without ``env_options()``."""
-    own = getattr(controller, "env_options", None)
-    return dict(own()) if own is not None else {}
+    """Env keyword arguments a controller needs besides its ``action_mode``
+    (:meth:`BaseController.env_options`; a policy bundle: its observation schema and action set)."""
+    return dict(hooks(controller).env_options())

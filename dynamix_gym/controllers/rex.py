@@ -186,9 +186,11 @@ class REXController(BaseController):
         test_window: raw noise-scale estimates in the Wilcoxon test (>= 5: with fewer, no
             one-sided p-value falls below 0.05).
         alpha: significance level of both tests, in (0, 0.5].
-        short_window, long_window: intervals in the trigger's windows (>= 1, >= 2).
+        short_window: intervals in the trigger's short window (>= 1).
+        long_window: intervals in the trigger's long window (>= 2).
         min_shift: smallest relative change of the median ratio the trigger acts on, >= 0.
-        bo_init, bo_iterations: random seeds and EI steps of a split search (>= 1, >= 0).
+        bo_init: random seeds of a split search (>= 1).
+        bo_iterations: EI steps of a split search (>= 0).
         bo_width: half-width of the log-multiplier search box, > 0.
         min_gain: predicted relative gain of the slowest worker that justifies a re-split, >= 0.
         noise_smoothing: EMA weight of the newest interval in the noise-scale estimate, (0, 1].

@@ -21,7 +21,8 @@ def fill_to_total(weights: np.ndarray, total: float, lo: np.ndarray, hi: np.ndar
     Args:
         weights: non-negative share of each worker (e.g. its throughput, samples/s).
         total: the global batch to reach (samples).
-        lo, hi: per-worker bounds (samples).
+        lo: per-worker lower bounds (samples).
+        hi: per-worker upper bounds (samples).
 
     Returns:
         Real-valued batches (float64, shape ``(N,)``) summing to ``total`` when feasible.
@@ -56,7 +57,8 @@ def round_to_total(batches: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarr
     Args:
         batches: real-valued split (samples).
         total: the integer global batch to reach.
-        lo, hi: per-worker integer bounds.
+        lo: per-worker integer lower bounds.
+        hi: per-worker integer upper bounds.
 
     Returns:
         int64 batches; their sum is ``total`` when ``sum(lo) <= total <= sum(hi)``, else the
@@ -96,7 +98,8 @@ def equal_time_split(
         grid: (G,) increasing local batches at which the times are tabulated.
         times: (G, N) predicted time of worker i at local batch grid[g] (seconds).
         totals: (K,) global batches to split.
-        lo, hi: (N,) per-worker bounds.
+        lo: (N,) per-worker lower bounds.
+        hi: (N,) per-worker upper bounds.
 
     Returns:
         ``(batches, t_common)``: (K, N) real-valued splits and (K,) the common time T of each.

@@ -19,11 +19,13 @@ class ElasticSimBackend:
     """A backend over every slot of ``pool``; the job holds some of them.
 
     Args:
-        pool: a pool name (``conf/pool``), mapping or :class:`PoolSpec`.
-        workload, scenario: as for :class:`sim.engine.Simulator`.
+        pool: a pool name (``sim/data/pool``), mapping or :class:`PoolSpec`.
+        workload: as for :class:`sim.engine.Simulator`.
+        scenario: as for :class:`sim.engine.Simulator`.
         initial_batch: local batch of every slot (default: the workload's, within each range).
         time_budget_s: the episode's wall-clock budget (default: the workload's).
-        lr_tolerance, lr_exponent: the learning-rate response (:mod:`sim.elastic`; ``None``: fitted).
+        lr_tolerance: w of the learning-rate response (:mod:`sim.elastic`; ``None``: fitted).
+        lr_exponent: a of the learning-rate response (:mod:`sim.elastic`; ``None``: fitted).
         **sim_kwargs: passed to the simulator.
     """
 

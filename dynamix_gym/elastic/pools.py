@@ -1,4 +1,5 @@
-"""Pools by name: ``conf/pool/<name>.yaml`` (prices are data with their source and date there)."""
+"""Pools by name: ``sim/data/pool/<name>.yaml``, shipped with the package (prices are data with their
+source and date there)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 import yaml
 
+from sim.datafiles import data_path
 from sim.pool import PoolSpec, pool_from_dict
 
-#: Where named pools live (the Hydra config group of the same name).
-POOL_DIR = Path(__file__).resolve().parents[2] / "conf" / "pool"
+#: Where named pools live: package data of ``sim`` (an installed wheel has them too).
+POOL_DIR: Path = data_path("pool")
 
 
 def pool_names() -> list[str]:
@@ -19,7 +21,7 @@ def pool_names() -> list[str]:
 
 
 def get_pool(pool: str | Mapping[str, Any] | PoolSpec) -> PoolSpec:
-    """A pool from a name under ``conf/pool``, a config mapping or a spec (returned unchanged).
+    """A pool from a name under ``sim/data/pool``, a config mapping or a spec (returned unchanged).
 
     Raises:
         ValueError: an unknown pool name (listing the known ones) or an invalid pool config.
@@ -29,7 +31,7 @@ def get_pool(pool: str | Mapping[str, Any] | PoolSpec) -> PoolSpec:
     if isinstance(pool, str):
         path = POOL_DIR / f"{pool}.yaml"
         if not path.is_file():
-            raise ValueError(f"pool={pool!r} is not one of {pool_names()} (conf/pool/*.yaml)")
+            raise ValueError(f"pool={pool!r} is not one of {pool_names()} (sim/data/pool/*.yaml)")
         with open(path) as fh:
             pool = yaml.safe_load(fh)
     if not isinstance(pool, Mapping):

@@ -1,8 +1,8 @@
 """Learners of the elastic problem: PPO (on the multidiscrete form) and an off-policy actor-critic
 (SAC or TD3 on the continuous box form; the cloud scheduler used DDPG), one entry point.
 
-    python -m experiments.train experiment=train_elastic_ppo
-    python -m experiments.train experiment=train_elastic_sac
+    python -m experiments.train_elastic learner=ppo
+    python -m experiments.train_elastic learner=sac
 
 Bundles are the project's bundle directories (:func:`dynamix_gym.controllers.bundle.save_bundle`) whose
 ``bundle.json`` metadata names the env id, the algorithm and the action form, so a loader builds the
@@ -41,7 +41,29 @@ ALGO_FORM = {"ppo": "multidiscrete", "sac": "box", "td3": "box"}
 
 
 @dataclass
+class ElasticExpertConfig:
+    """The behaviour-cloning warm start of an elastic learner from a baseline
+    (:func:`dynamix_gym.elastic.baselines.make_elastic_controller`)."""
+
+    expert: str = "fixed"  # a baseline's kind
+    params: dict[str, Any] = field(default_factory=dict)  # its parameters
+    episodes: int = 24  # expert episodes, seeds 1000 + seed + i
+    epochs: int = 40
+    lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"expert_pretrain.{name} must be >= 1, got {getattr(self, name)}")
+        if not float(self.lr) > 0:
+            raise ValueError(f"expert_pretrain.lr must be > 0, got {self.lr}")
+
+
+@dataclass
 class ElasticTrainConfig:
+    """Everything :func:`train_elastic` needs (``python -m experiments.train_elastic``, whose
+    ``conf/train_elastic.yaml`` and ``conf/learner/*.yaml`` are checked against these fields)."""
+
     run_dir: str
     algo: str = "ppo"
     seed: int = 100  # training and tuning seeds are >= 100; 0-4 are held out for the report
@@ -56,7 +78,7 @@ class ElasticTrainConfig:
     torch_threads: int = 1
     # Behaviour-cloning warm start from a baseline (None: off), e.g.
     # {expert: fixed, params: {counts: {T4/spot: 4}}, episodes: 24, epochs: 40}
-    expert_pretrain: dict[str, Any] | None = None
+    expert_pretrain: ElasticExpertConfig | None = None
     # Gaussian exploration noise on the box action (SB3's NormalActionNoise, std in action units) for
     # the off-policy learners; TD3's own default is none, i.e. no exploration beyond the warm start.
     action_noise_sigma: float | None = None
@@ -66,6 +88,11 @@ class ElasticTrainConfig:
     select_time_value_usd_per_hour: float | None = None
 
     def __post_init__(self) -> None:
+        self.eval_seeds = tuple(int(s) for s in self.eval_seeds)
+        if isinstance(self.expert_pretrain, dict):
+            from dynamix_gym.learning.config import structured
+
+            self.expert_pretrain = structured(ElasticExpertConfig, self.expert_pretrain, "expert_pretrain")
         if self.algo not in ALGOS:
             raise ValueError(f"algo={self.algo!r} is not one of {list(ALGOS)}")
         if self.action_noise_sigma is not None:
@@ -175,12 +202,12 @@ def flat_action(env: ElasticClusterEnv, action: dict[str, Any]) -> np.ndarray:
 def behaviour_clone(model: Any, venv: Any, cfg: ElasticTrainConfig) -> dict[str, float]:
     """Fit the policy to an expert's actions on episodes of seeds >= 1000 + cfg.seed; seeds the
     observation normaliser with the expert's observations. Returns the final log-likelihood."""
-    spec = dict(cfg.expert_pretrain)
+    spec = cfg.expert_pretrain
     kwargs = _env_kwargs(cfg)
     obs_list, act_list = [], []
-    for i in range(int(spec.get("episodes", 24))):
+    for i in range(int(spec.episodes)):
         env = ElasticClusterEnv(**kwargs)
-        expert = make_elastic_controller(spec["expert"], **spec.get("params", {}))
+        expert = make_elastic_controller(spec.expert, **dict(spec.params))
         obs, info = env.reset(seed=1000 + cfg.seed + i)
         expert.reset(ElasticSpec.from_env(env), np.random.default_rng(i))
         while True:
@@ -199,11 +226,11 @@ def behaviour_clone(model: Any, venv: Any, cfg: ElasticTrainConfig) -> dict[str,
     act_t = torch.as_tensor(np.asarray(act_list))
     policy = model.policy
     params = policy.actor.parameters() if cfg.algo != "ppo" else policy.parameters()
-    opt = torch.optim.Adam(params, lr=float(spec.get("lr", 1e-3)))
+    opt = torch.optim.Adam(params, lr=float(spec.lr))
     n = len(obs_t)
     gen = torch.Generator().manual_seed(cfg.seed)
     loss = torch.tensor(0.0)
-    for _ in range(int(spec.get("epochs", 40))):
+    for _ in range(int(spec.epochs)):
         for idx in torch.randperm(n, generator=gen).split(256):
             if cfg.algo == "ppo":
                 _, logp, _ = policy.evaluate_actions(obs_t[idx], act_t[idx])

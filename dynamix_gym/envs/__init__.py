@@ -6,4 +6,7 @@
 - :mod:`.pipeline_cluster`: ``dynamix/PipelineCluster-v0``, partitions of a pipeline-parallel model
 - :mod:`.elastic_cluster`: ``dynamix/ElasticCluster-v0``, GPUs rented from a priced pool
 - :mod:`.randomized`: domain-randomised worlds for pretraining; :mod:`.vec_env`: vectorised envs
+- :mod:`.batched_vector` (``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``) and
+  :mod:`.batched_per_worker` (SB3): many simulated clusters stepped as one batch
+  (:mod:`.batched_core` over :mod:`sim.batched`)
 """

@@ -58,7 +58,7 @@ def _to_unit(x: np.ndarray | float, lo: float, hi: float) -> np.ndarray:
 class ElasticClusterEnv(gym.Env):
     """
     ## Description
-    Data-parallel training on GPUs rented from a pool (``conf/pool``: node types, GPUs available on
+    Data-parallel training on GPUs rented from a pool (``sim/data/pool``: node types, GPUs available on
     demand and on the spot market, hourly prices with their source and date, spot preemptions, the
     elastic restart cost). Every step the agent sets the local batch of every slot as in
     ``dynamix/HeteroCluster-v0``, requests or releases up to 2 GPUs of each offer (node type x

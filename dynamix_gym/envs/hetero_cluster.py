@@ -203,7 +203,6 @@ class HeteroClusterEnv(gym.Env):
                 **(sim_kwargs or {}),
             )
         self.backend = backend
-        self.spec_backend = backend.spec
         self.reward_config = RewardConfig.from_any(reward)
         self.interval = int(interval)
         self.action_mode = action_mode
@@ -246,7 +245,6 @@ class HeteroClusterEnv(gym.Env):
         start = self.backend.spec.initial_batch if initial is None else initial
         self.batches = start.astype(np.int64).copy()
         self.decisions = 0
-        self.wall_time_s = 0.0
         report = self.backend.run_interval(self.batches, self.interval)
         self._reconfig_s = observed_reconfig_s(None, report)
         self._observe(report)
@@ -345,7 +343,6 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError("set_backend would change the absolute-mode action space; build a new env")
         self.backend.close()
         self.backend = backend
-        self.spec_backend = backend.spec
         self.time_budget_s = backend.spec.time_budget_s
         self.encoder = make_encoder(self.obs_schema.version, backend.spec, window=self.encoder.window)
 

@@ -14,6 +14,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
 from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
+from sim.instability import InstabilityParams
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.validation import check_choice, check_int, check_min_max, check_range
 from sim.workloads import get_workload
@@ -96,6 +97,16 @@ class DomainRandomization:
     lr_unstable_exponent: tuple[float, float] = (0.5, 1.5)
     compound_probability: float = 0.0
     compound_families: tuple[int, int] = (2, 3)
+    #: Generated instability (sim.instability; off at 0): with this probability an episode's run can
+    #: collapse at a rise of its learning rate, the rate where the chance is one half ~ logU(
+    #: instability_half_gain), the slope per log2 of the rate ~ U(instability_slope), the ramp's
+    #: effect on the logit ~ U(instability_ramp_effect), the share of progress lost ~ U(instability_depth)
+    #: (the digits CNN's fit: half at 4.0, slope 5.3, ramp -2.1, depth 1; results/instability/).
+    instability_probability: float = 0.0
+    instability_half_gain: tuple[float, float] = (2.0, 16.0)
+    instability_slope: tuple[float, float] = (2.0, 8.0)
+    instability_ramp_effect: tuple[float, float] = (-3.0, 0.0)
+    instability_depth: tuple[float, float] = (0.5, 1.0)
     #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
     #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
     #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
@@ -122,6 +133,7 @@ class DomainRandomization:
         check_int("domain.throttle_windows", self.throttle_windows, 0, 100)
         check_range("domain.lr_limit_probability", self.lr_limit_probability, 0.0, 1.0)
         check_range("domain.compound_probability", self.compound_probability, 0.0, 1.0)
+        check_range("domain.instability_probability", self.instability_probability, 0.0, 1.0)
         _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
@@ -133,6 +145,10 @@ class DomainRandomization:
             ("window_factor", 0.0, 1.0, True),
             ("lr_stable_gain", 1.0, 1e4, False),
             ("lr_unstable_exponent", 0.01, 10.0, False),
+            ("instability_half_gain", 1.0, 1e4, False),
+            ("instability_slope", 0.0, 100.0, False),
+            ("instability_ramp_effect", -100.0, 0.0, False),
+            ("instability_depth", 0.0, 1.0, True),
         ):
             _check_pair(
                 name,
@@ -229,6 +245,18 @@ class DomainRandomization:
                 )
         if self.compound_probability > 0.0:  # drawn last, and only when on: other streams unchanged
             out["scenario"] = self._compound(rng, family, out["scenario"])
+        if self.instability_probability > 0.0:  # after every other draw, and only when on
+            unstable = rng.random() < self.instability_probability
+            half = float(np.exp(rng.uniform(*np.log(self.instability_half_gain))))
+            slope = float(rng.uniform(*self.instability_slope))
+            ramp, depth = (
+                float(rng.uniform(*self.instability_ramp_effect)),
+                float(rng.uniform(*self.instability_depth)),
+            )
+            if unstable:
+                out["instability"] = InstabilityParams(
+                    "generated", -slope * np.log2(half), slope, ramp, depth
+                )
         return out
 
     def _compound(self, rng: np.random.Generator, family: str, scenario):

@@ -9,8 +9,9 @@ per-worker features (one block per worker) and the global features (the job's):
 Centralised observation: ``[worker 0 features, ..., worker N-1 features, global features]``.
 Per-worker observation:  ``[this worker's features, global features]``.
 
-The tables people read (README.md, the env's docstring, each schema module's docstring) are
-:meth:`ObservationSchema.as_table`'s output, checked by ``tests/dynamix_gym/obs/test_obs_tables.py``.
+The tables people read (the docs' observation reference, written at every ``make docs``, the env's
+docstring, each schema module's docstring) are :meth:`ObservationSchema.as_table`'s output, checked
+by ``tests/dynamix_gym/obs/test_obs_tables.py``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class ObservationSchema:
 
     def as_table(self, centralised: bool = False) -> str:
         """Markdown table of the observation (index, name, unit, raw range, description): the
-        per-worker row of the shared policy (README.md's table), or with ``centralised`` the env's
+        per-worker row of the shared policy (the docs' observation reference), or with ``centralised`` the env's
         flat observation, indexed ``Fw i + k`` (worker i) and ``Fw N + k`` (global; its docstring's)."""
         lines = ["| index | name | unit | raw range | description |", "|---|---|---|---|---|"]
         fw = self.worker_dim

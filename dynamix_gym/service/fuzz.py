@@ -18,7 +18,7 @@ import numpy as np
 
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service.messages import SCALAR_RANGES, WORKER_RANGES
-from dynamix_gym.service.server import TOKEN_HEADER
+from dynamix_gym.service.transport import TOKEN_HEADER
 
 METHODS = ("Register", "Report", "Close")
 PREFIX = "/dynamix.arbitrator.v1.Arbitrator/"

@@ -12,8 +12,8 @@ Every ``update_every`` new transitions, :meth:`OnlineLearner.step`:
    surrogate, value loss, entropy bonus, ``n_epochs`` passes) on the newest ``window``
    transitions at a small learning rate;
 2. validates the candidate on simulated held-out tasks (the benchmark's *train* split, seeds
-   >= 100; never its test split): mean time to accuracy, twice the time used when the target is
-   missed (as pretraining's validation);
+   >= 100; never its test split) with :mod:`dynamix_gym.benchmark.validation`: mean time to
+   accuracy, the time budget where the target is missed (the benchmark's one score);
 3. promotes it only if that beats the parent's validation score by ``min_gain`` (``validation_score``:
    the mean time to accuracy in seconds, or the geometric mean over tasks of the candidate's time
    over the parent's, which weighs a 40 s NCF task as much as a 1,400 s BERT one): the candidate is
@@ -59,7 +59,20 @@ from typing import Any
 import numpy as np
 
 from dynamix_gym.controllers.bundle import BundleMeta, PolicyBundle, load_bundle, save_bundle
+from dynamix_gym.service.candidates import (
+    CandidateJob,
+    CandidateResult,
+    build_candidate,
+    build_candidate_in_child,
+    copy_model,
+    load_numpy_weights,
+    ppo_update,
+    replica_update,
+    weights_to_numpy,
+)
+from dynamix_gym.service.rollback import measured_regression, window_ratios
 from dynamix_gym.service.server import PolicyStore
+from dynamix_gym.service.transitions import Transition, as_transitions
 from dynamix_gym.service.translog import TransitionLog
 from sim.datafiles import atomic_write_text
 
@@ -74,9 +87,6 @@ LEARNER_MODES = ("ppo", "replica")
 WORKERS = ("thread", "process")
 #: How a promoted version's measured regression is decided (``LearnerConfig.rollback_test``).
 ROLLBACK_TESTS = ("stratified", "window")
-#: The smallest seed-noise variance of log time to accuracy the rollback test assumes for a task
-#: (a 1% standard deviation): a task measured twice alike must not weigh without bound.
-NOISE_FLOOR_VAR = 1e-4
 #: Replicas (distinct cluster, workload, interval) the replica learner keeps, the newest first.
 MAX_REPLICAS = 32
 
@@ -198,8 +208,7 @@ class OnlineLearner:
         self.translog = log
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
-        # (session, worker, obs, action, value, log_prob, reward, done, next_value, version[, mask])
-        self._buffer: deque[tuple] = deque(maxlen=self.config.window)
+        self._buffer: deque[Transition] = deque(maxlen=self.config.window)
         self._new = 0
         self._bundles: dict[int, PolicyBundle] = {}
         self._measured: dict[tuple[int, str], list[float]] = defaultdict(list)
@@ -213,7 +222,7 @@ class OnlineLearner:
             except Exception as exc:
                 raise ValueError(
                     "learner.worker=process validates candidates in a child process, so validate must "
-                    "pickle (a module-level function, or an object such as experiments.serve.Validator); "
+                    "pickle (a module-level function, or an object such as dynamix_gym.benchmark.validation.Validator); "
                     f"{validate!r} does not ({exc})"
                 ) from None
         self._load_lineage()
@@ -286,35 +295,36 @@ class OnlineLearner:
     def _add(self, key: str, prev: _Pending, reward: float, done: bool, next_value: np.ndarray) -> None:
         for i in range(len(prev.action)):
             self._buffer.append(
-                (
-                    key,
-                    i,
-                    prev.obs[i],
-                    int(prev.action[i]),
-                    float(prev.value[i]),
-                    float(prev.log_prob[i]),
-                    reward,
-                    done,
-                    float(next_value[i]) if i < len(next_value) else 0.0,
-                    prev.version,
-                    None if prev.mask is None else prev.mask[i],
+                Transition(
+                    session=key,
+                    worker=i,
+                    obs=prev.obs[i],
+                    action=int(prev.action[i]),
+                    value=float(prev.value[i]),
+                    log_prob=float(prev.log_prob[i]),
+                    reward=reward,
+                    done=done,
+                    next_value=float(next_value[i]) if i < len(next_value) else 0.0,
+                    version=prev.version,
+                    mask=None if prev.mask is None else prev.mask[i],
                 )
             )
             self._new += 1
 
-    def add_transitions(self, transitions: Sequence[tuple]) -> None:
-        """Feed transitions directly (session, worker, obs, action, value, log_prob, reward, done,
-        next_value, version[, mask]): replays of a log, and the poisoning test. Without a mask a
-        MaskablePPO bundle's transition counts every step as legal."""
+    def add_transitions(self, transitions: Sequence[Sequence]) -> None:
+        r"""Feed transitions directly (:class:`Transition`\ s, or tuples in its field order):
+        replays of a log, and the poisoning test. Without a mask a MaskablePPO bundle's transition
+        counts every step as legal."""
+        items = as_transitions(transitions)
         with self._lock:
-            for t in transitions:
-                self._buffer.append(tuple(t))
+            for t in items:
+                self._buffer.append(t)
                 self._new += 1
 
-    def _sorted(self) -> list[tuple]:
-        return sorted(self._buffer, key=lambda t: str(t[0]))
+    def _sorted(self) -> list[Transition]:
+        return sorted(self._buffer, key=lambda t: str(t.session))
 
-    def transitions(self) -> list[tuple]:
+    def transitions(self) -> list[Transition]:
         """The buffered transitions by trajectory, each in its own order (a copy)."""
         with self._lock:
             return self._sorted()
@@ -366,79 +376,18 @@ class OnlineLearner:
 
     def ratios(self, version: int) -> list[float]:
         """Measured TTA of ``version``'s jobs / its parent's mean on the same task."""
-        entry = self._entry(version)
-        parent = entry.get("parent")
-        if parent is None:
-            return []
-        out = []
-        for (v, task), ttas in list(self._measured.items()):
-            ref = self._measured.get((parent, task))
-            if v == version and ref:
-                mean_ref = float(np.mean(ref))
-                out += [t / mean_ref for t in ttas]
-        return out
+        parent = self._entry(version).get("parent")
+        return [] if parent is None else window_ratios(self._measured, version, int(parent))
 
     def regression(self, version: int) -> dict[str, Any] | None:
-        """The measured regression of ``version`` against its parent, or ``None`` before
-        ``rollback_window`` of its jobs have ended: ``ratio`` (its time to accuracy over the
-        parent's), ``jobs``, ``rollback`` (the decision) and, for the stratified test, ``p_value``
-        and ``df`` (``None`` without a noise estimate)."""
-        entry = self._entry(version)
-        parent = entry.get("parent")
+        """The measured regression of ``version`` against its parent (:func:`~dynamix_gym.service.
+        rollback.measured_regression`), or ``None`` before ``rollback_window`` of its jobs have ended."""
+        parent = self._entry(version).get("parent")
         if parent is None:
             return None
-        cfg = self.config
         with self._lock:
             measured = {k: list(v) for k, v in self._measured.items()}
-        jobs = sum(len(t) for (v, _), t in measured.items() if v == version)
-        if jobs < cfg.rollback_window:
-            return None
-        if cfg.rollback_test == "window":
-            ratios = self.ratios(version)[-cfg.rollback_window :]
-            if not ratios:
-                return None
-            ratio = float(np.mean(ratios))
-            return {"ratio": ratio, "jobs": jobs, "rollback": ratio > 1.0 + cfg.rollback_tolerance}
-        from scipy import stats
-
-        logs = {k: np.log(np.asarray(t, dtype=np.float64)) for k, t in measured.items()}
-        diffs, sizes, noise = [], [], []
-        for (v, task), lv in logs.items():
-            lp = logs.get((int(parent), task))
-            if v != version or lp is None or not len(lp):
-                continue
-            diffs.append(float(lv.mean() - lp.mean()))
-            sizes.append(1.0 / len(lv) + 1.0 / len(lp))
-            # the task's seed noise: the pooled within-group variance of every version's jobs on it
-            groups = [g for (_, t), g in logs.items() if t == task and len(g) > 1]
-            df_k = sum(len(g) - 1 for g in groups)
-            ss_k = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
-            noise.append((max(ss_k / df_k, NOISE_FLOOR_VAR), df_k) if df_k else None)
-        if not diffs:
-            return None
-        known = [i for i, n in enumerate(noise) if n is not None]
-        out: dict[str, Any] = {"jobs": jobs, "p_value": None, "df": None}
-        if known:  # inverse-variance weights over the tasks whose noise is known (Welch-Satterthwaite df)
-            var = np.array([noise[i][0] * sizes[i] for i in known])
-            w = (1.0 / var) / (1.0 / var).sum()
-            effect = float(np.dot(w, [diffs[i] for i in known]))
-            se2 = float((w**2 * var).sum())
-            df = se2**2 / float(sum((w[j] ** 2 * var[j]) ** 2 / noise[i][1] for j, i in enumerate(known)))
-            out["df"] = df
-        else:
-            w = 1.0 / np.asarray(sizes)
-            effect = float(np.dot(w, diffs) / w.sum())
-        out["ratio"] = ratio = float(np.exp(effect))
-        if ratio <= 1.0 + cfg.rollback_tolerance:
-            out["rollback"] = False
-        elif ratio > 1.0 + cfg.rollback_gross:
-            out["rollback"] = True
-        elif not known:
-            out["rollback"] = False  # no noise estimate yet: wait for a second job of some group
-        else:
-            out["p_value"] = float(stats.t.sf(effect / np.sqrt(se2), out["df"]))
-            out["rollback"] = out["p_value"] < cfg.rollback_alpha
-        return out
+        return measured_regression(measured, version, int(parent), self.config)
 
     def _check_rollback(self) -> None:
         served = self.store.get(self.name)
@@ -459,7 +408,7 @@ class OnlineLearner:
         self._write_lineage()
         with self._lock:
             self._buffer = deque(
-                (t for t in self._buffer if t[9] != served.version), maxlen=self.config.window
+                (t for t in self._buffer if t.version != served.version), maxlen=self.config.window
             )
             self._new = 0
         self._event(
@@ -504,7 +453,7 @@ class OnlineLearner:
             "version": version,
             "parent": parent.version,
             "transitions": len(data),
-            "jobs": len({t[0] for t in data}),
+            "jobs": len({t.session for t in data}),
             "mode": self.config.mode,
             "learning_rate": self.config.replica_learning_rate if replica else self.config.learning_rate,
             "update": stats,
@@ -546,7 +495,7 @@ class OnlineLearner:
             self._event("reject", version=version, parent=parent.version, validation_tta_s=cand_score)
         return entry
 
-    def _build(self, parent: Any, data: list[tuple], skip_validation: bool) -> CandidateResult:
+    def _build(self, parent: Any, data: list[Transition], skip_validation: bool) -> CandidateResult:
         """The candidate of ``parent`` (a :class:`~dynamix_gym.service.server.ServedPolicy`) and its
         validation, on this thread or in a child (``config.worker``)."""
         cfg = self.config
@@ -578,7 +527,7 @@ class OnlineLearner:
         """Stop: an update running in a child is terminated (the serving version stays)."""
         self._closing.set()
 
-    def update(self, parent: PolicyBundle, data: list[tuple]) -> tuple[Any, dict[str, float]]:
+    def update(self, parent: PolicyBundle, data: list[Transition]) -> tuple[Any, dict[str, float]]:
         """A copy of ``parent``'s model after one PPO update on ``data`` (:func:`ppo_update`)."""
         return ppo_update(parent, data, self.config, self.rng)
 
@@ -600,243 +549,33 @@ class OnlineLearner:
             stop.wait(poll_s)
 
 
+def attach_learner(
+    service: Any,
+    store: PolicyStore,
+    versions: str | Path,
+    learner: dict[str, Any],
+    validation: dict[str, Any],
+    seed: int,
+) -> OnlineLearner:
+    """The online learner of the store's default bundle with ``learner`` settings
+    (:class:`LearnerConfig`'s fields) and ``validation`` (:func:`~dynamix_gym.benchmark.validation.
+    make_validator`'s block), its candidates kept under ``versions``, attached to ``service``
+    (the one place the serve and online_learning apps build it)."""
+    from dynamix_gym.benchmark.validation import make_validator
+
+    online = OnlineLearner(
+        store,
+        "default",
+        versions,
+        make_validator(validation),
+        LearnerConfig(**learner),
+        rng=np.random.default_rng(int(seed) + 1),
+        log=service.log,
+    )
+    service.learner = online
+    return online
+
+
 def _mean(scores: dict[str, float]) -> float:
     """Mean validation TTA over tasks (NaN without validation)."""
     return float(np.mean(list(scores.values()))) if scores else float("nan")
-
-
-# --- candidates: pure functions of their inputs, run on the learner's thread or in a child -----
-def ppo_update(
-    parent: PolicyBundle, data: list[tuple], cfg: LearnerConfig, rng: np.random.Generator
-) -> tuple[Any, dict[str, float]]:
-    """A copy of ``parent``'s model after one PPO update on ``data`` (sb3-contrib's MaskablePPO
-    update, with each decision's logged legal steps, for a maskable bundle)."""
-    from stable_baselines3.common.buffers import RolloutBuffer
-    from stable_baselines3.common.logger import configure
-
-    maskable = parent.meta.algorithm == "maskable_ppo"
-    if maskable:
-        from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer as buffer_cls
-    else:
-        buffer_cls = RolloutBuffer
-    model = copy_model(parent)  # the serving weights
-    obs, actions, values, logp, adv, returns = gae(data, float(model.gamma), float(model.gae_lambda))
-    n = len(actions)
-    buf = buffer_cls(
-        n, model.observation_space, model.action_space, device="cpu", gamma=model.gamma, n_envs=1
-    )
-    if maskable:
-        width = int(buf.mask_dims)  # a centralised bundle's flat (N * A) mask
-        masks = np.ones((n, width), dtype=np.float32)
-        for i, t in enumerate(data):
-            if len(t) > 10 and t[10] is not None:
-                masks[i] = np.asarray(t[10], dtype=np.float32).reshape(width)
-        buf.action_masks[:] = masks[:, None, :]
-    buf.observations[:] = obs[:, None, :]
-    buf.actions[:] = actions.reshape(n, 1, 1)
-    buf.values[:] = values[:, None]
-    buf.log_probs[:] = logp[:, None]
-    buf.advantages[:] = adv[:, None]
-    buf.returns[:] = returns[:, None]
-    buf.pos, buf.full = n, True
-    lr = float(cfg.learning_rate)
-    model.rollout_buffer = buf
-    model.learning_rate = lr
-    model.lr_schedule = lambda _progress: lr
-    model.clip_range = lambda _progress: float(cfg.clip_range)
-    model.n_epochs, model.batch_size, model.ent_coef = (
-        int(cfg.n_epochs),
-        int(cfg.batch_size),
-        float(cfg.ent_coef),
-    )
-    model.set_logger(configure(None, [""]))
-    model.set_random_seed(int(rng.integers(2**31)))
-    model.train()
-    values_out = model.logger.name_to_value
-    stats = {k.split("/")[-1]: float(v) for k, v in values_out.items() if k.startswith("train/")}
-    stats["samples"] = n
-    return model, stats
-
-
-def copy_model(parent: PolicyBundle):
-    """A fresh copy of ``parent``'s model with the serving weights."""
-    if parent.meta.algorithm == "maskable_ppo":
-        from sb3_contrib import MaskablePPO as algo
-    else:
-        from stable_baselines3 import PPO as algo
-    model = algo.load(parent.path / "model.zip", device="cpu")
-    model.policy.load_state_dict(parent.model.policy.state_dict())
-    return model
-
-
-def replica_update(
-    parent: PolicyBundle, replicas: list[dict[str, Any]], cfg: LearnerConfig, rng: np.random.Generator
-) -> tuple[Any, dict[str, float]]:
-    """A copy of ``parent``'s model after DAgger on simulated replicas of the jobs served.
-
-    Each replica is the simulator run on a served job's GPU types, workload and interval, with
-    the fault families, intensities and speed spread of the bundle's own training worlds (its
-    ``config.domain``); the candidate acts, the bundle's teacher (its ``expert_pretrain``'s
-    oracle, else the time-to-target oracle) labels every state it visits, and the policy is
-    cloned on those labels (cross-entropy, every episode weighted alike, with the value head's
-    regression) for ``replica_epochs`` at ``replica_learning_rate``: DYNAMIX's online
-    fine-tuning done in the service's simulator, on the clusters and jobs it actually serves.
-    """
-    from dynamix_gym.learning.imitation import collect_expert_data, pretrain
-
-    if not replicas:
-        raise RuntimeError("the replica learner has no registered job to replicate yet")
-    if parent.meta.algorithm not in ("ppo", "maskable_ppo") or parent.meta.obs_form != "per_worker":
-        raise ValueError("the replica learner fine-tunes per-worker PPO bundles only")
-    conf = dict(parent.meta.config or {})
-    teacher = dict(conf.get("expert_pretrain") or {})
-    expert = str(teacher.get("expert", "oracle"))
-    expert_kwargs = dict(
-        teacher.get("expert_kwargs") or {"objective": "time_to_target", "batch_penalty": 0.0}
-    )
-    base_domain = {
-        k: v
-        for k, v in dict(conf.get("domain") or {}).items()
-        if k not in ("gpu_types", "profile", "workers")
-    }
-    env_kwargs = {
-        **dict(conf.get("env") or {}),
-        "split": parent.meta.split,
-        "split_tolerance": parent.meta.split_tolerance,
-    }
-    model = copy_model(parent)
-    obs_fn = parent.obs_norm if parent.obs_norm is not None else (lambda x: x)
-    per = max(1, -(-int(cfg.replica_episodes) // len(replicas)))
-    data = None
-    for r in replicas:
-        domain = {**base_domain, "cluster": r["cluster"], "workloads": [r["workload"]]}
-        part = collect_expert_data(
-            domain,
-            {**env_kwargs, "interval": r["interval"]},
-            [r["cluster"].num_workers],
-            episodes=per,
-            gamma=float(model.gamma),
-            seed=int(rng.integers(2**31)),
-            expert=expert,
-            expert_kwargs=expert_kwargs,
-            policy=model,
-            obs_fn=obs_fn,
-            action_mode=parent.meta.action_mode,
-        )
-        data = part if data is None else data + part
-    scale = float(np.sqrt(np.var(data.returns) + 1e-8))
-    stats = pretrain(
-        model,
-        data,
-        obs_fn,
-        scale,
-        epochs=int(cfg.replica_epochs),
-        learning_rate=float(cfg.replica_learning_rate),
-        seed=int(rng.integers(2**31)),
-        per_episode=True,
-    )
-    stats.update(replicas=len(replicas), episodes=per * len(replicas), expert_mean_tta_s=data.mean_tta_s)
-    return model, stats
-
-
-def gae(data: list[tuple], gamma: float, lam: float):
-    """Advantages and returns per (job, worker) trajectory, in the buffer's order."""
-    n = len(data)
-    obs = np.stack([t[2] for t in data]).astype(np.float32)
-    actions = np.array([t[3] for t in data], dtype=np.int64)
-    values = np.array([t[4] for t in data], dtype=np.float64)
-    logp = np.array([t[5] for t in data], dtype=np.float64)
-    rewards = np.array([t[6] for t in data], dtype=np.float64)
-    done = np.array([t[7] for t in data], dtype=bool)
-    next_v = np.array([t[8] for t in data], dtype=np.float64)
-    adv = np.zeros(n)
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, t in enumerate(data):
-        groups[(t[0], t[1])].append(i)
-    # The critic learnt VecNormalize's scaled returns, a scale the bundle does not keep: put the
-    # rewards on the critic's scale by matching the spread of discounted returns to the values'.
-    mc = np.zeros(n)
-    for idx in groups.values():
-        acc = 0.0
-        for j in reversed(idx):
-            acc = rewards[j] + gamma * (0.0 if done[j] else acc)
-            mc[j] = acc
-    spread, v_spread = float(mc.std()), float(values.std())
-    rewards = rewards * (v_spread / spread if spread > 1e-9 and v_spread > 1e-9 else 1.0)
-    for idx in groups.values():
-        last = 0.0
-        for j in reversed(idx):
-            nonterminal = 0.0 if done[j] else 1.0
-            delta = rewards[j] + gamma * next_v[j] * nonterminal - values[j]
-            last = delta + gamma * lam * nonterminal * last
-            adv[j] = last
-    return obs, actions, values, logp, adv, adv + values
-
-
-@dataclass
-class CandidateJob:
-    """Everything an update needs, picklable for :func:`~dynamix_gym.service.child.call_in_child`.
-
-    ``parent`` is the serving bundle on the learner's thread; a child gets ``parent_path`` and the
-    serving weights (``parent_state``) and loads the bundle itself. ``rng`` is the learner's own
-    generator (a child advances a copy and sends it back), so both workers draw the same seeds.
-    """
-
-    config: LearnerConfig
-    rng: np.random.Generator
-    data: list[tuple]
-    replicas: list[dict[str, Any]]
-    validate: Callable[[PolicyBundle], dict[str, float]] | None  # None: no validation (skip_validation)
-    parent_scores: dict[str, float] | None  # the parent's cached validation, or None to compute it
-    parent: PolicyBundle | None = None
-    parent_path: Path | None = None
-    parent_state: dict[str, np.ndarray] | None = None
-
-
-@dataclass
-class CandidateResult:
-    rng: np.random.Generator
-    stats: dict[str, float]
-    scores: dict[str, float]  # the candidate's validation ({} without)
-    parent_scores: dict[str, float] | None  # computed here (None: the job had them, or no validation)
-    model: Any = None  # on the learner's thread
-    state: dict[str, np.ndarray] | None = None  # from a child: the candidate's policy weights
-
-
-def weights_to_numpy(policy) -> dict[str, np.ndarray]:
-    """A policy's weights as numpy copies: torch's own pickling of tensors between processes passes
-    shared-memory handles, which die with the process that sent them."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in policy.state_dict().items()}
-
-
-def load_numpy_weights(policy, weights: dict[str, np.ndarray]) -> None:
-    import torch
-
-    policy.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
-
-
-def build_candidate(job: CandidateJob) -> CandidateResult:
-    """Validate the parent if needed, make the candidate (:func:`ppo_update` or
-    :func:`replica_update`), validate it: the part of an update that does not touch the service."""
-    parent = job.parent
-    if parent is None:
-        parent = load_bundle(job.parent_path)
-        load_numpy_weights(parent.model.policy, job.parent_state)
-    parent_scores = None
-    if job.validate is not None and job.parent_scores is None:
-        parent_scores = dict(job.validate(parent))
-    if job.config.mode == "replica":
-        model, stats = replica_update(parent, job.replicas, job.config, job.rng)
-    else:
-        model, stats = ppo_update(parent, job.data, job.config, job.rng)
-    candidate = PolicyBundle(parent.path, parent.meta, model, parent.obs_norm)
-    scores = dict(job.validate(candidate)) if job.validate is not None else {}
-    return CandidateResult(job.rng, stats, scores, parent_scores, model=model)
-
-
-def build_candidate_in_child(job: CandidateJob) -> CandidateResult:
-    """:func:`build_candidate` as a child's call: the weights come back, not the SB3 model."""
-    result = build_candidate(job)
-    result.state = weights_to_numpy(result.model.policy)
-    result.model = None
-    return result

@@ -9,10 +9,11 @@ is dropped or duplicated silently.
 
 What a shared server needs, here:
 
-* every call carries ``authorization: Bearer <token>``, compared in constant time
-  (:func:`hmac.compare_digest`) before any handler runs;
-* the gRPC server bounds message sizes and concurrent calls; registrations are bounded by
-  ``max_jobs`` and sessions idle for ``idle_timeout_s`` are dropped;
+* every call carries ``authorization: Bearer <token>``, checked before any handler runs, and the
+  gRPC server bounds message sizes and concurrent calls (:mod:`dynamix_gym.service.transport`);
+  registrations are bounded by ``max_jobs`` and sessions idle for ``idle_timeout_s`` are dropped;
+* every refused call is logged with its cause, the caller's address and its job, never the token
+  (:func:`~dynamix_gym.service.transport.log_refusal`);
 * every field of a registration and a report is validated (:mod:`dynamix_gym.service.messages`):
   a malformed or hostile message is refused with ``INVALID_ARGUMENT`` naming the field and its
   range, and nothing it carried reaches the policy, the log or the learner;
@@ -22,7 +23,6 @@ What a shared server needs, here:
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import secrets
@@ -53,13 +53,10 @@ from dynamix_gym.service.messages import (
     spec_from_proto,
 )
 from dynamix_gym.service.translog import TransitionLog, last_seqs
+from dynamix_gym.service.transport import log_refusal
 from sim.protocol import BackendSpec
 
 log = logging.getLogger(__name__)
-
-#: Default bound on any message, either way (bytes). A 1024-worker report is about 150 KiB.
-MAX_MESSAGE_BYTES = 1 << 20
-TOKEN_HEADER = "authorization"
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,8 +254,10 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         self.decide_s: deque[float] = deque(maxlen=100_000)
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _refuse(self, context, code: grpc.StatusCode, message: str):
+    def _refuse(self, context, code: grpc.StatusCode, message: str, rpc: str, job: str | None):
+        """Count, log (cause, peer, job) and abort the call with ``code`` and ``message``."""
         self.stats[f"refused_{code.name.lower()}"] += 1
+        log_refusal(rpc, context.peer(), job, code, message)
         context.abort(code, message)
 
     def _expire(self, now: float) -> None:
@@ -270,6 +269,12 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
     def sessions(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def job_of(self, session_id: str) -> str | None:
+        """The job holding ``session_id`` (``None``: no such session)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        return None if session is None else session.job_id
 
     # --- RPCs ----------------------------------------------------------------------------------------
     def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
@@ -296,7 +301,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 if isinstance(e, BundleMismatchError)
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
-            return self._refuse(context, code, str(e))
+            return self._refuse(context, code, str(e), "Register", request.job_id)
         try:  # the bundle's own steps, as its training env applied them
             actions = ActionRule.for_spec(
                 meta.action_mode, spec, meta.action_set, meta.split, meta.split_tolerance
@@ -306,6 +311,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"bundle {served.name!r} records an unusable action set: {e}",
+                "Register",
+                request.job_id,
             )
         now = self.clock()
         next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
@@ -331,6 +338,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     context,
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the service holds its maximum of {self.config.max_jobs} jobs (max_jobs)",
+                    "Register",
+                    request.job_id,
                 )
             self._sessions[session.id] = session
         self.stats["registered"] += 1
@@ -370,7 +379,11 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             session = self._sessions.get(request.session_id)
         if session is None:
             return self._refuse(
-                context, grpc.StatusCode.NOT_FOUND, "unknown session (expired or the service restarted)"
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                "unknown session (expired or the service restarted)",
+                "Report",
+                None,
             )
         with session.lock:
             session.last_seen = self.clock()
@@ -385,14 +398,24 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     context,
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"seq: expected {session.next_seq} (or {session.next_seq - 1} to retry), got {request.seq}",
+                    "Report",
+                    session.job_id,
                 )
-            if session.ended:
-                return self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "the job has ended")
+            if session.ended:  # at its target or time budget: a job that trains on decides alone
+                return self._refuse(
+                    context,
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    "the job has ended (its target or time budget was reached)",
+                    "Report",
+                    session.job_id,
+                )
             try:
                 report = report_from_proto(request.report, session.spec)
                 current = batches_from_proto("current_batch", request.current_batch, session.spec)
             except FieldError as e:
-                return self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                return self._refuse(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, str(e), "Report", session.job_id
+                )
             try:
                 t0 = time.perf_counter()
                 out = self._decide(session, request.seq, report, current)
@@ -400,7 +423,13 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 return out
             except Exception:  # a defect must cost one call, never the service
                 log.exception("decision for job %s seq %d failed", session.job_id, request.seq)
-                return self._refuse(context, grpc.StatusCode.INTERNAL, "internal error; see the service log")
+                return self._refuse(
+                    context,
+                    grpc.StatusCode.INTERNAL,
+                    "internal error; see the service log",
+                    "Report",
+                    session.job_id,
+                )
 
     def _decide(self, session: Session, seq: int, report, current: np.ndarray) -> pb.Decision:
         served = self.store.get(session.policy_name)
@@ -481,13 +510,15 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
         with self._lock:
             session = self._sessions.get(request.session_id)
         if session is None:
-            return self._refuse(context, grpc.StatusCode.NOT_FOUND, "unknown session")
+            return self._refuse(context, grpc.StatusCode.NOT_FOUND, "unknown session", "Close", None)
         with session.lock:
             if request.HasField("final_report") and not session.ended:
                 try:
                     report = report_from_proto(request.final_report, session.spec)
                 except FieldError as e:
-                    return self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    return self._refuse(
+                        context, grpc.StatusCode.INVALID_ARGUMENT, str(e), "Close", session.job_id
+                    )
                 self._finish(session, report)
         with self._lock:
             self._sessions.pop(request.session_id, None)
@@ -532,114 +563,3 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
 
     def close(self) -> None:
         self.log.close()
-
-
-# --------------------------------------------------------------------------------------------
-# The gRPC server
-# --------------------------------------------------------------------------------------------
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses (``UNAUTHENTICATED``) every call whose ``authorization`` is not ``Bearer <token>``."""
-
-    def __init__(self, token: str, stats: Counter) -> None:
-        self._expected = f"Bearer {token}".encode()
-        self._stats = stats
-
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation, handler_call_details):
-        got = b""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == TOKEN_HEADER:
-                got = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
-        if not hmac.compare_digest(got, self._expected):
-            self._stats["refused_unauthenticated"] += 1
-            return self._deny
-        return continuation(handler_call_details)
-
-
-def load_token(token_file: str | Path | None, token_env: str | None, environ: dict | None = None) -> str:
-    """The shared token: from ``token_file`` if given, else the environment variable ``token_env``.
-
-    Raises:
-        ValueError: when neither holds a token of at least 16 characters.
-    """
-    import os
-
-    environ = os.environ if environ is None else environ
-    if token_file:
-        path = Path(token_file)
-        if not path.is_file():
-            raise ValueError(f"token_file {str(path)!r} does not exist")
-        token = path.read_text().strip()
-        source = f"token_file {str(path)!r}"
-    elif token_env:
-        token = environ.get(token_env, "").strip()
-        source = f"environment variable {token_env}"
-    else:
-        raise ValueError("the arbitrator needs a token: set token_file=<path> or token_env=<variable>")
-    if len(token) < 16 or any(c.isspace() for c in token) or not token.isprintable():
-        raise ValueError(f"{source} must hold a token of at least 16 printable characters, no spaces")
-    return token
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
-
-
-def build_server(
-    service: ArbitratorService,
-    token: str,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    threads: int = 16,
-    max_message_bytes: int = MAX_MESSAGE_BYTES,
-    max_concurrent_rpcs: int = 256,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-    allow_insecure_remote: bool = False,
-) -> tuple[grpc.Server, int]:
-    """A started-ready (not started) gRPC server for ``service`` and the port it bound.
-
-    It binds ``host`` (127.0.0.1 unless told otherwise). A non-loopback address without TLS
-    (``cert_file`` + ``key_file``) is refused unless ``allow_insecure_remote``: the token would
-    cross the network in clear.
-    """
-    from concurrent import futures
-
-    if not 1024 <= max_message_bytes <= 64 << 20:
-        raise ValueError(f"max_message_bytes must lie in [1024, 64 MiB], got {max_message_bytes}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must lie in [0, 65535], got {port}")
-    tls = bool(cert_file or key_file)
-    if tls and not (cert_file and key_file):
-        raise ValueError("TLS needs both cert_file and key_file")
-    if not is_loopback(host) and not tls and not allow_insecure_remote:
-        raise ValueError(
-            f"host {host!r} is not a loopback address: configure TLS (cert_file, key_file) so the token "
-            "does not travel in clear, or set allow_insecure_remote=true"
-        )
-    options = [
-        ("grpc.max_receive_message_length", int(max_message_bytes)),
-        ("grpc.max_send_message_length", int(max_message_bytes)),
-        ("grpc.so_reuseport", 0),
-    ]
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="arbitrator"),
-        interceptors=[TokenInterceptor(token, service.stats)],
-        options=options,
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
-    )
-    pb_grpc.add_ArbitratorServicer_to_server(service, server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if tls:
-        creds = grpc.ssl_server_credentials([(Path(key_file).read_bytes(), Path(cert_file).read_bytes())])
-        bound = server.add_secure_port(address, creds)
-    else:
-        bound = server.add_insecure_port(address)
-    if bound == 0:
-        raise OSError(f"could not bind {address}")
-    return server, bound

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from experiments.calibration_fit import COMMAND, fit_figures
+from experiments.calibration.fit import COMMAND, fit_figures
 from experiments.reports.markdown import blocks, bullets, percents, render, section, table
 from sim.fitting.step_time import ADDITIVE_RULE
 from sim.profile import ClusterProfile

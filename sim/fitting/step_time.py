@@ -228,3 +228,32 @@ def fit_compute_knee(
     report = {"rule": KNEE_RULE, "knee_batch": knee, "cost_plain": cost_plain, "cost": cost,
               "residual_plain": rel_plain.tolist(), "residual": rel.tolist()}  # fmt: skip
     return params, report
+
+
+# --------------------------------------------------------------------------------------------
+# Drift of a stored profile's step times against a refit
+# --------------------------------------------------------------------------------------------
+
+
+def step_time_drift(
+    stored: tuple[ComputeParams, CommParams | None],
+    refit: tuple[ComputeParams, CommParams | None],
+    local_batches: Sequence[int],
+    replicas: int,
+    nodes: int = 1,
+) -> dict[str, Any]:
+    """How far a stored profile's step times are from a refit's (both ``(compute, comm)`` models
+    of one worker type), with every one of ``replicas`` workers at each of ``local_batches``
+    (:func:`step_time_s`): per batch ``drift = stored / refit - 1``; ``max_drift`` is the largest
+    ``|drift|`` and ``worst_batch`` where it is."""
+    if not local_batches:
+        raise ValueError("step_time_drift needs at least one local batch")
+    check_int("replicas", replicas, 1)
+    rows = []
+    for b in sorted({int(x) for x in local_batches}):
+        check_int("local batch", b, 1)
+        old = float(step_time_s(*stored, b, replicas, nodes))
+        new = float(step_time_s(*refit, b, replicas, nodes))
+        rows.append({"local_batch": b, "stored_s": old, "refit_s": new, "drift": old / new - 1.0})
+    worst = max(rows, key=lambda r: abs(r["drift"]))
+    return {"rows": rows, "max_drift": abs(worst["drift"]), "worst_batch": worst["local_batch"]}

@@ -20,8 +20,8 @@ from support import ROOT
 from adapters.gpu_ladder import calibrate_table, ddp_factory, ladder_table, run_group, write_table
 from adapters.gpu_race import CONTROLLERS, INITIAL_BATCH, race_profile, race_scenario, t4_speed
 from adapters.gpu_suite import PARTS, gpu_label
+from adapters.sim2real import controller_specs, run_one, sim_env, spec_controller
 from dynamix_gym.backends.sim_backend import SimBackend
-from experiments.sim2real import controller_specs, run_one, sim_env, spec_controller
 from sim.cluster import ClusterSpec, NodeSpec
 from sim.faults import Scenario
 from sim.fitting.table import REQUIRED_COLUMNS, read_profile_table

@@ -49,8 +49,9 @@ def test_a_reckless_controller_wrecks_the_run_without_guards_and_reaches_the_tar
 
 
 def test_the_watchdog_fires_within_two_intervals_of_a_collapse_and_rolls_back():
-    # no cap and no ramp: only the watchdog stands between the jump and the run
-    result = _episode({"max_lr_gain": None, "lr_ramp_iters": 0, "max_rollbacks": 2})
+    # no cap, no ramp, no back-off: only the watchdog stands between the jump and the run (which collapses
+    # again after the cool-down, so the fallback keeps control after the second rollback)
+    result = _episode({"max_lr_gain": None, "lr_ramp_iters": 0, "max_rollbacks": 2, "lr_backoff": 1.0})
     tl = result.timeline
     first_bad = next(i for i, row in enumerate(tl) if i > 0 and row["val_accuracy"] < 0.3)
     fired = next(i for i, row in enumerate(tl) if row.get("guard_rollbacks", 0) > 0)

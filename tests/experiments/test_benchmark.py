@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from support import ROOT, run_app
 
 import dynamix_gym  # noqa: F401
+from dynamix_gym.benchmark import check_suite, split_tasks, task_specs
 from dynamix_gym.controllers.hindsight import HindsightController, ScheduleController, make_candidate
 from dynamix_gym.controllers.registry import CONTROLLERS, make_controller
 from dynamix_gym.evaluation import run_episode
-from experiments.benchmark import check_suite, split_tasks, task_specs
 
 V1 = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "benchmark" / "v1.yaml"))
 #: A search small enough for a unit test, still with every candidate family.

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from support import CONF, ROOT
 
-from experiments.benchmark import split_tasks, task_specs
+from dynamix_gym.benchmark import split_tasks, task_specs
 
 PLANS = ROOT / "results" / "benchmark" / "hindsight" / "plans"
 

@@ -21,6 +21,12 @@ def test_every_subcommand_is_an_entry_point_of_experiments():
         assert (ROOT / "conf" / f"{name}.yaml").is_file(), name  # a Hydra app with its config
 
 
+def test_every_app_is_a_subcommand():
+    """The subcommands are found, not listed by hand: one per primary config (conf/<app>.yaml)."""
+    assert set(cli.COMMANDS) == {p.stem for p in (ROOT / "conf").glob("*.yaml")}
+    assert all(help_line for _module, help_line in cli.COMMANDS.values())
+
+
 def test_a_subcommand_gets_the_rest_of_the_command_line(monkeypatch):
     ran = []
     monkeypatch.setattr(

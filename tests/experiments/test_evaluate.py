@@ -359,9 +359,9 @@ def test_summarise_means_intervals_and_ratios():
     assert dlb["idle_fraction_mean"] == pytest.approx(0.25)
     assert dlb["batch_changes_mean"] == pytest.approx(1.5)
     assert dlb["final_accuracy_mean"] == pytest.approx((3 * 0.93 + 0.9) / 4)
-    # Best static: lowest mean among the static batches reaching the target in every seed.
+    # Best static: the lowest mean score over the seeds (a missed seed counts its time budget).
     assert (table["best_static"] == "static-128").all()
-    assert best_static(table.reset_index()) == "static-128"
+    assert best_static(synthetic_runs()) == "static-128"
     assert table.loc["dlb", "tta_vs_best_static"] == pytest.approx(8.0 / 9.0)
     assert table.loc["static-128", "tta_vs_best_static"] == pytest.approx(1.0)
     assert table.loc["static-64", "tta_vs_oracle"] == pytest.approx(12.0 / 6.0)

@@ -80,8 +80,8 @@ def test_fit_schedules_writes_a_loadable_refit_profile_and_its_report(tmp_path):
 
 def test_step_time_check_compares_measured_compute_with_the_profile():
     from dynamix_gym.backends.sim_backend import SimBackend
+    from experiments.reports.schedules import step_check_lines
     from experiments.schedules import quiet_scenario, step_time_check
-    from experiments.schedules_report import step_check_lines
     from sim.profile import load_profile
 
     profile = load_profile(CONF.parent / "results" / "fidelity" / "profile")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -64,24 +65,72 @@ def test_every_train_experiment_preset_runs(tmp_path):
     assert len(list(tmp_path.glob("*/policy/bundle.json"))) >= 4
 
 
-def test_train_config_defaults_are_conf_train_yaml():
-    """dynamix_gym.learning.training.TrainConfig mirrors conf/train.yaml: every default it has is
-    the config's; its dict fields default to empty (the libraries' own), which the groups fill."""
-    import dataclasses
-
+def _composed_train(*overrides: str) -> dict:
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from dynamix_gym.learning.training import TrainConfig
+    from omegaconf import OmegaConf, open_dict
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = OmegaConf.to_container(compose("train"), resolve=False)
-    for f in dataclasses.fields(TrainConfig):
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            continue  # run_dir: required
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if isinstance(default, dict):
-            assert default == {} and isinstance(cfg[f.name], dict), f.name
-        else:
-            expected = list(default) if isinstance(default, tuple) else default
-            assert cfg[f.name] == expected, (f.name, default, cfg[f.name])
+        cfg = compose("train", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.run_dir = "run"  # ${hydra:runtime.output_dir} outside a run
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.mark.parametrize(
+    "preset", [None, *sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("train_*.yaml"))]
+)
+def test_every_train_preset_is_a_train_config(preset):
+    """conf/train.yaml with each preset composes into a checked TrainConfig (the elastic presets
+    into an ElasticTrainConfig): no key the trainer would ignore."""
+    from dynamix_gym.elastic.training import ElasticTrainConfig
+    from dynamix_gym.learning.config import check_train_config, structured
+    from experiments.train import train_config
+
+    raw = _composed_train(*([f"experiment={preset}"] if preset else []))
+    if raw.get("elastic"):
+        cfg = structured(ElasticTrainConfig, {**raw["elastic"], "run_dir": "run"}, "train_elastic")
+        assert cfg.seed >= 100 and cfg.algo in ("ppo", "sac", "td3")
+        return
+    cfg = train_config({**raw, "eval_benchmark_tasks": None})
+    check_train_config(cfg)
+    if preset is None:  # every setting can be given on the command line without `+`
+        assert {f.name for f in dataclasses.fields(cfg)} <= set(raw)
+    assert cfg.env["reward"] == raw["reward"] and cfg.ppo == raw["ppo"]
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("+total_timestep=5", r"train\.total_timestep"),
+        ("+expert_pretrain.episods=5", r"expert_pretrain\.episods"),
+        ("seed=zero", r"train\.seed"),
+        ("+ppo.n_step=64", r"ppo\.n_step is not a keyword of PPO"),
+        ("+domain.scenarioz=[throttle]", r"domain\.scenarioz"),
+        ("+env.intervall=5", r"env\.intervall is not a keyword of HeteroClusterEnv"),
+    ],
+)
+def test_a_misspelt_train_key_is_an_error_naming_it(override, match):
+    from dynamix_gym.learning.config import check_train_config
+    from experiments.train import train_config
+
+    raw = _composed_train("experiment=train_quick", override)
+    with pytest.raises(ValueError, match=match):
+        check_train_config(train_config(raw))
+
+
+@pytest.mark.integration
+def test_elastic_learners_have_their_own_app_and_refuse_the_ppo_trainers_settings(tmp_path):
+    """experiments.train experiment=train_elastic_* used to drop seed, total_timesteps, ppo and
+    domain silently; now such a command-line setting is refused, and experiments.train_elastic
+    takes the learner's settings at the top level, checked."""
+    proc = run_train("experiment=train_elastic_ppo", "seed=3", f"hydra.run.dir={tmp_path / 'a'}", timeout=120)
+    assert proc.returncode != 0
+    assert "seed is a setting of the cluster PPO trainer" in proc.stderr
+    proc = run_app(
+        "experiments.train_elastic",
+        "learner=sac",
+        "+total_timestep=5",
+        f"hydra.run.dir={tmp_path / 'b'}",
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "total_timestep" in proc.stderr

@@ -28,6 +28,7 @@ from sim.guards import Guard, GuardConfig, LRRamp, Watchdog, capped_lr_gain
         ("fallback", "", "'hold' or a controller name"),
         ("snapshot_tolerance", 0.5, "[0, quality_drop=0.15]"),
         ("lr_backoff", 0.0, "(0, 1]"),
+        ("best_window", 0, "an integer >= 1"),
     ],
 )
 def test_bad_settings_name_the_field_and_the_range(field, value, allowed):
@@ -73,7 +74,7 @@ def test_the_ramp_rises_linearly_restarts_from_where_it_is_and_falls_at_once():
 
 
 def test_the_watchdog_fires_after_patience_bad_intervals_and_at_once_on_nan():
-    dog = Watchdog(GuardConfig(patience=2, quality_drop=0.2, loss_factor=3.0))
+    dog = Watchdog(GuardConfig(patience=2, quality_drop=0.2, loss_factor=3.0, best_window=1))
     assert dog.check(0.5, 1.0).good
     assert dog.check(0.7, 0.8).good
     first = dog.check(0.4, 0.9)  # 0.3 below the best 0.7
@@ -82,14 +83,14 @@ def test_the_watchdog_fires_after_patience_bad_intervals_and_at_once_on_nan():
     assert not dog.check(0.45, 0.8).fire
     second = dog.check(0.45, 0.8)
     assert second.fire and "2 intervals in a row" in second.reason
-    loss = Watchdog(GuardConfig(patience=1, loss_factor=2.0))
+    loss = Watchdog(GuardConfig(patience=1, loss_factor=2.0, best_window=1))
     loss.check(0.5, 0.5)
     assert "rose past 2.0 x its lowest" in loss.check(0.5, 1.2).reason
     assert Watchdog(GuardConfig()).check(0.5, math.nan).fire
 
 
 def test_a_bad_interval_moves_neither_the_best_nor_the_snapshot():
-    guard = Guard(GuardConfig(patience=2, quality_drop=0.2, cooldown=2, max_rollbacks=2))
+    guard = Guard(GuardConfig(patience=2, quality_drop=0.2, cooldown=2, max_rollbacks=2, best_window=1))
     assert guard.observe(0, 1.0, 0.6, 1.0, [16, 16]) == "snapshot"
     assert guard.observe(1, 2.0, 0.3, 1.0, [64, 64]) == ""  # bad: no snapshot of it
     assert guard.held_batches == (16, 16) and guard.snapshot_interval == 0
@@ -113,7 +114,7 @@ def test_a_bad_interval_moves_neither_the_best_nor_the_snapshot():
 
 
 def test_watching_records_what_it_would_do_and_changes_nothing():
-    guard = Guard("watch")
+    guard = Guard(GuardConfig(mode="watch", best_window=1))
     assert guard.observe(0, 1.0, 0.6, 1.0, [16, 16]) == ""
     verdicts = [guard.observe(i, float(i), 0.1, 5.0, [64, 64]) for i in range(1, 4)]
     assert verdicts == ["", "", ""]
@@ -132,11 +133,24 @@ def test_a_collapse_before_any_healthy_interval_has_nothing_to_roll_back_to():
 
 
 def test_state_round_trips_for_a_resumed_run():
-    guard = Guard(GuardConfig(patience=1, cooldown=3))
+    guard = Guard(GuardConfig(patience=1, cooldown=3, best_window=1))
     guard.observe(0, 1.0, 0.6, 1.0, [16, 16])
     guard.observe(1, 2.0, 0.1, 9.0, [64, 64])
     guard.rolled_back(2.5)
-    again = Guard(GuardConfig(patience=1, cooldown=3))
+    again = Guard(GuardConfig(patience=1, cooldown=3, best_window=1))
     again.load_state_dict(guard.state_dict())
     assert again.events == guard.events and again.rollbacks == 1 and again.cooldown_left == 3
     assert again.held_batches == (16, 16) and again.snapshot_interval is None
+
+
+def test_the_best_is_a_level_held_not_a_one_interval_peak():
+    # an early run of the deploy app's MNIST job: a peak at 0.51, then 0.09, then on its way up
+    early = [0.10, 0.13, 0.51, 0.09, 0.08, 0.65, 0.71]
+    held = Watchdog(GuardConfig(patience=2, quality_drop=0.15))  # best_window 2, the default
+    assert not any(held.check(q, 2.3 - q).fire for q in early)
+    peak = Watchdog(GuardConfig(patience=2, quality_drop=0.15, best_window=1))
+    assert any(peak.check(q, 2.3 - q).fire for q in early)  # the peak alone would have fired it
+    # a collapse from a level the run held still fires within two intervals
+    collapse = Watchdog(GuardConfig(patience=2, quality_drop=0.15))
+    fired = [collapse.check(q, 1.0).fire for q in [0.47, 0.69, 0.60, 0.09, 0.09]]
+    assert fired == [False, False, False, False, True]

@@ -94,3 +94,18 @@ def test_the_modelled_guards_roll_a_collapse_back_and_the_cap_costs_progress():
     assert (
         SimBackend("t4v100_4", "cifar10", lr_rule="linear").sim.convergence.lr_multiplier(1024, 100.0) > 2.0
     )
+
+
+def test_training_worlds_draw_an_instability_from_absent_to_severe_without_moving_other_draws():
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    off = DomainRandomization(workers=4).sample(np.random.default_rng(5))
+    on = DomainRandomization(workers=4, instability_probability=1.0).sample(np.random.default_rng(5))
+    assert "instability" not in off
+    assert {k: v for k, v in on.items() if k != "instability"} == off  # drawn after every other draw
+    params = on["instability"]
+    assert 2.0 <= 2 ** (-params.intercept / params.slope) <= 16.0 and -3.0 <= params.ramp_effect <= 0.0
+    backend = SimBackend(**on)  # a world's config builds its backend, instability included
+    assert backend.sim.instability is not None and backend.sim.instability.params == params
+    with pytest.raises(ValueError, match=r"domain\.instability_probability"):
+        DomainRandomization(workers=4, instability_probability=1.5)

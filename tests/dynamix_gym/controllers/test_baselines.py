@@ -27,6 +27,7 @@ from dynamix_gym.controllers import (
     OracleController,
     make_controller,
 )
+from dynamix_gym.controllers.base import BaseController, hooks
 from dynamix_gym.controllers.pollux import PerfParams, fit_perf_params
 from dynamix_gym.controllers.rex import WorkerTimeModel
 from dynamix_gym.controllers.split import equal_time_split, fill_to_total, round_to_total
@@ -77,9 +78,10 @@ def mean_tta() -> MeanTTA:
     return MeanTTA()
 
 
-class StripTruth:
+class StripTruth(BaseController):
     """Wraps a controller: hands it reports without ``truth`` (as a real backend gives) and checks
-    every action it returns against the env's action space."""
+    every action it returns against the env's action space. A BaseController, so that its
+    ``prepare`` hook is called (the base class declares the hooks; a bare Controller has none)."""
 
     def __init__(self, inner, env: HeteroClusterEnv, strip: bool = True) -> None:
         self.inner, self.env, self.strip = inner, env, strip
@@ -90,8 +92,7 @@ class StripTruth:
         self.inner.reset(spec, rng)
 
     def prepare(self, env, seed) -> None:  # the hindsight limit searches replays of the episode first
-        if hasattr(self.inner, "prepare"):
-            self.inner.prepare(env, seed)
+        hooks(self.inner).prepare(env, seed)
 
     def predict(self, observation, info, deterministic=True):
         if self.strip:

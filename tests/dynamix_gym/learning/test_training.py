@@ -386,7 +386,7 @@ def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end
     """MaskablePPO on schema 2 with multiplicative steps over generated worlds (several GPU types
     and workloads), warm-started by the oracle, validated on a benchmark train-split task; the
     bundle records all of it and drives an unseen cluster size and workload."""
-    from experiments.train import benchmark_eval_tasks
+    from dynamix_gym.benchmark import validation_tasks as benchmark_eval_tasks
 
     cfg = tiny(
         tmp_path,
@@ -440,7 +440,7 @@ def test_a_tiny_generated_world_run_trains_a_masked_scale_free_bundle_end_to_end
 
 
 def test_training_refuses_what_cannot_train(tmp_path):
-    from experiments.train import benchmark_eval_tasks
+    from dynamix_gym.benchmark import validation_tasks as benchmark_eval_tasks
 
     with pytest.raises(ValueError, match="algorithm must be one of"):
         train(tiny(tmp_path, algorithm="a2c"))

@@ -1,17 +1,17 @@
-"""The observation tables people read (README.md, the env's docstring, each schema module's) are the
-schemas' own (:meth:`ObservationSchema.as_table`), not hand-kept copies."""
+"""The observation tables people read (the docs' observation reference, the env's docstring, each
+schema module's) are the schemas' own (:meth:`ObservationSchema.as_table`), not hand-kept copies."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
-from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.obs import ENCODERS, OBS_SCHEMA, v1, v2, v3
 
-README = Path(__file__).resolve().parents[3] / "README.md"
 HEADER = "| index | name | unit | raw range | description |"
 
 
@@ -28,8 +28,24 @@ def _tables(text: str) -> list[str]:
     return out
 
 
-def test_readme_table_is_the_schema_1_per_worker_table():
-    assert _tables(README.read_text()) == [OBS_SCHEMA.as_table()]
+def _docs_reference():
+    """``docs/hooks/docs_reference.py``, the module ``make docs`` writes the reference pages with."""
+    spec = importlib.util.spec_from_file_location(
+        "docs_reference", ROOT / "docs" / "hooks" / "docs_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_observation_reference_is_every_registered_schemas_table():
+    page = _docs_reference().observation_page()
+    assert _tables(page) == [cls.schema.as_table() for cls in ENCODERS.values()]
+
+
+def test_no_page_people_read_keeps_an_observation_table_by_hand():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    assert [p.name for p in pages if _tables(p.read_text())] == []
 
 
 def test_env_docstring_table_is_the_schema_1_centralised_table():

@@ -11,7 +11,8 @@ import torch
 from support import HEADLINE_BUNDLE as BUNDLE
 
 from dynamix_gym.controllers.bundle import load_bundle
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig, build_server
+from dynamix_gym.service.server import ArbitratorService, PolicyStore, ServiceConfig
+from dynamix_gym.service.transport import build_server
 
 TOKEN = "test-token-0123456789abcdef"
 

@@ -57,7 +57,15 @@ def main() -> None:
         counts = dict(ctl.policy.client.counts)
         ctl.policy.close()
         with open(out, "w") as f:
-            json.dump({"decisions": ctl.decisions, "counts": counts, "batches": batches}, f)
+            json.dump(
+                {
+                    "decisions": ctl.decisions,
+                    "counts": counts,
+                    "without_policy": ctl.decisions_without_policy,
+                    "batches": batches,
+                },
+                f,
+            )
     dist.destroy_process_group()
 
 

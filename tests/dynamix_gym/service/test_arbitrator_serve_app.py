@@ -11,12 +11,14 @@ from conftest import TOKEN
 from hydra import compose, initialize_config_dir
 from support import ROOT
 
+from dynamix_gym.benchmark.validation import make_validator
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.service.client import ArbitratorClient
-from dynamix_gym.service.server import ArbitratorService, PolicyStore, build_server, load_token
+from dynamix_gym.service.server import ArbitratorService, PolicyStore
 from dynamix_gym.service.translog import read_log
+from dynamix_gym.service.transport import build_server, load_token
 from experiments.bench_serve import ServiceProcess
-from experiments.serve import make_validator, serve
+from experiments.serve import serve
 
 
 def _cfg(*overrides: str):

@@ -16,7 +16,7 @@ from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
-from dynamix_gym.service.client import ArbitratorClient, RemoteController
+from dynamix_gym.service.client import ArbitratorClient, ArbitratorRefused, RemoteController
 from dynamix_gym.service.messages import spec_to_proto
 from dynamix_gym.service.translog import read_log
 
@@ -151,8 +151,11 @@ def test_a_retried_seq_gets_the_same_decision_not_a_new_one(running):
     np.testing.assert_array_equal(first, again)
     assert client.counts == {**client.counts, "decisions": 1, "replayed": 1}
     assert running.service.stats["decisions"] == 1
-    client.seq += 5  # a gap is refused, not silently accepted
-    assert client.decide(info["report"], env.unwrapped.batches) is None
+    client.seq += 5  # a gap is refused, not silently accepted: the job fails naming it
+    with pytest.raises(
+        ArbitratorRefused, match=r"FAILED_PRECONDITION: seq: expected 1 \(or 0 to retry\), got 6"
+    ):
+        client.decide(info["report"], env.unwrapped.batches)
     assert client.last_error.startswith("FAILED_PRECONDITION: seq: expected 1")
 
 
@@ -224,7 +227,11 @@ def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(r
     unnamed = ArbitratorClient(running.address, token=TOKEN, job_id="s0", timeout_s=2.0)
     assert unnamed.register(spec, 50) and unnamed.schema_version == "1"
     other = ArbitratorClient(running.address, token=TOKEN, job_id="s3", obs_schema="3", timeout_s=2.0)
-    assert not other.register(spec, 50) and other.schema_version is None
+    with pytest.raises(
+        ArbitratorRefused, match="FAILED_PRECONDITION: bundle 'default' reads observation schema 1"
+    ):
+        other.register(spec, 50)  # a refusal: the job fails naming it
+    assert other.schema_version is None
     assert other.last_error.startswith("FAILED_PRECONDITION: bundle 'default' reads observation schema 1")
     with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
         ArbitratorClient(running.address, token=TOKEN, obs_schema=4)

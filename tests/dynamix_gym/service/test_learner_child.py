@@ -16,10 +16,10 @@ import psutil
 import pytest
 import torch
 
+from dynamix_gym.benchmark.validation import make_validator
 from dynamix_gym.service.child import ChildCancelled, ChildError, call_in_child
 from dynamix_gym.service.learner import LearnerConfig, OnlineLearner
 from dynamix_gym.service.server import PolicyStore
-from experiments.serve import make_validator
 
 
 def _transitions(bundle, seed: int = 5) -> list[tuple]:

@@ -1,0 +1,359 @@
+"""Calibrate right before the run: ``python -m experiments.deploy calibrate.quick=true``.
+
+Before the episode, on the very ranks the deploy then trains with (its
+:class:`~adapters.ddp_backend.DDPBackend`: native ranks of one type, ``backend.emulate=null``):
+
+1. **ladder**: a quick step-time ladder (:func:`dynamix_gym.measurement.profiling.profile_ladder`)
+   within a wall-time cap (``calibrate.max_s``, default 60 s, the ranks' start included): no ladder
+   point starts unless the time it is expected to take fits in what is left, so the ladder ends
+   within the cap, or over it by no more than one point's misestimate;
+2. **refit**: the stored profile (``calibrate.profile``; default: the PPO bundle's training profile)
+   copied to ``<run dir>/profile_refit`` with its compute model refitted, knee included, on the
+   slowest rank's compute per iteration
+   (:func:`experiments.calibration.fit.refit_compute_knee`, as ``experiments.fit_schedules`` refits
+   same-day step times);
+3. **check**: the stored profile's step times against the refit's at the measured batches
+   (:func:`sim.fitting.step_time.step_time_drift`). Beyond ``calibrate.max_drift`` (default 10%)
+   the deploy is refused (:class:`ProfileDriftError`, naming the drift and the override) unless
+   ``calibrate.refuse=false``, when it warns and runs.
+
+``calibration_quick.json`` (every figure) and ``calibration_quick.md`` (the table of what was
+measured) are written beside the run's timeline, the refusal included. The episode then starts from
+a fresh model on the same ranks (the backend's ``reset``); a resumed run (``backend.resume=true``)
+is not calibrated again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import to_absolute_path
+from tqdm.auto import tqdm
+
+from experiments.calibration.fit import refit_compute_knee
+from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
+from experiments.reports.markdown import table
+from sim.datafiles import dump_json
+from sim.fitting.step_time import step_time_drift
+from sim.profile import PROFILE_FILE, ClusterProfile, load_profile
+
+log = logging.getLogger(__name__)
+
+COMMAND = "python -m experiments.deploy calibrate.quick=true"
+REFIT_DIR = "profile_refit"
+RECORD_FILE = "calibration_quick.json"
+REPORT_FILE = "calibration_quick.md"
+#: Bounds of the settings (a quick ladder: a longer one is ``experiments.calibrate``'s job).
+MAX_CAP_S = 600.0
+MIN_POINTS = 3  # the knee fit needs three batches
+MAX_DRIFT = 10.0  # a tolerance beyond 10x is no check: calibrate.refuse=false says so plainly
+
+
+class ProfileDriftError(RuntimeError):
+    """The stored profile's step times are off from this machine's now by more than allowed."""
+
+
+@dataclass(frozen=True)
+class QuickCalibration:
+    """``calibrate`` in ``conf/deploy.yaml``; every field is checked with its range."""
+
+    quick: bool = False
+    profile: str | None = None
+    max_s: float = 60.0
+    batches: tuple[int, ...] = (16, 32, 64, 128, 160, 192, 224, 256, 320)
+    iterations: int = 10
+    repeats: int = 2
+    warmup_iterations: int = 3
+    max_drift: float = 0.10
+    refuse: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("quick", "refuse", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"calibrate.{name} must be true or false, got {getattr(self, name)!r}")
+        _number("max_s", self.max_s, 0.0, MAX_CAP_S, "seconds")
+        _number("max_drift", self.max_drift, 0.0, MAX_DRIFT, "(a fraction: 0.10 is 10%)")
+        for name, low, high in (("iterations", 1, 1000), ("repeats", 1, 20), ("warmup_iterations", 1, 1000)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"calibrate.{name} must be an integer in [{low}, {high}], got {value!r}")
+        bad = [b for b in self.batches if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+        if len(set(self.batches)) < MIN_POINTS or bad:
+            raise ValueError(
+                f"calibrate.batches must list at least {MIN_POINTS} distinct local batches >= 1 (the knee fit "
+                f"needs {MIN_POINTS}), got {list(self.batches)}"
+            )
+
+    @classmethod
+    def from_config(cls, node: Any) -> QuickCalibration:
+        """From the ``calibrate`` config node (``None``: the defaults, calibration off)."""
+        values = dict(plain(node) or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"calibrate.{unknown[0]} is not a setting; calibrate takes {known}")
+        if "batches" in values:
+            values["batches"] = tuple(values["batches"] or ())
+        return cls(**values)
+
+
+def _number(name: str, value: Any, low: float, high: float, unit: str) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not ok or not low < value <= high:
+        raise ValueError(f"calibrate.{name} must lie in ({low:g}, {high:g}] {unit}, got {value!r}")
+
+
+def stored_profile(settings: QuickCalibration, controller: Any) -> ClusterProfile:
+    """``calibrate.profile``, else the profile the controller's PPO bundle was trained on (its
+    ``domain.profile``); a relative path is taken from the launch directory, then the repository."""
+    ref = settings.profile
+    source = "calibrate.profile"
+    if not ref:
+        bundle = getattr(controller, "bundle", None)
+        ref = ((getattr(getattr(bundle, "meta", None), "config", None) or {}).get("domain") or {}).get(
+            "profile"
+        )
+        source = f"the training profile of the bundle {getattr(bundle, 'path', '')}"
+    if not ref:
+        raise ValueError(
+            "calibrate.quick=true checks the run against a stored profile: give calibrate.profile=<profile dir> "
+            "(written by python -m experiments.calibrate); this controller names none"
+        )
+    for candidate in (Path(to_absolute_path(str(ref))), REPO_ROOT / str(ref)):
+        if (candidate / PROFILE_FILE).is_file():
+            return load_profile(candidate)
+    try:
+        return load_profile(str(ref))
+    except FileNotFoundError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+@contextmanager
+def measuring(backend: Any) -> Iterator[None]:
+    """The ladder is a measurement, not training: no checkpoint of its intervals (a crash before
+    the run's first checkpoint must not resume from one; the coordinator decides when to save, the
+    ranks never do alone) and no guards (a rollback or a snapshot inside a ladder point is time
+    that is not the step's; :mod:`sim.guards`). Both come back for the run."""
+    from sim.guards import Guard
+
+    config, guard = backend.config, getattr(backend, "guard", None)
+    backend.config = replace(config, checkpoint_every=0)
+    if guard is not None:
+        backend.guard = Guard("off")
+    try:
+        yield
+    finally:
+        backend.config = config
+        if guard is not None:
+            backend.guard = guard
+
+
+def check_ranks(backend: Any, stored: ClusterProfile) -> tuple[str, str]:
+    """The worker type and application to refit; an error naming what to change when the ranks
+    are emulated or the stored profile has no compute model of their type."""
+    emulate = getattr(backend.config, "emulate", None)
+    if emulate:
+        raise ValueError(
+            f"calibrate.quick measures native ranks, and this deploy's ranks emulate {list(emulate)} "
+            "(backend.emulate=cluster): set backend.emulate=null (and backend.workers=N), or calibrate.quick=false"
+        )
+    gpu, app = backend.spec.gpu_types[0], stored.workload.app
+    if (gpu, app) not in stored.compute:
+        raise ValueError(
+            f"calibrate.profile {stored.name!r} ({shown(stored.path)}) has no compute model of ({gpu}, {app}) "
+            f"(it has {sorted(stored.compute)}): it was not measured on ranks like these"
+        )
+    return gpu, app
+
+
+def quick_calibrate(
+    backend: Any, stored: ClusterProfile, settings: QuickCalibration, out: Path, seed: int
+) -> dict[str, Any] | None:
+    """Ladder, refit and drift check (see the module docstring); returns the record written to
+    ``out / calibration_quick.json`` (``None``: a resumed run, not calibrated).
+
+    Raises:
+        ProfileDriftError: the drift exceeds ``settings.max_drift`` and ``settings.refuse``.
+        ValueError: emulated ranks, a profile without their model, or too few batches measured.
+    """
+    from dynamix_gym.measurement.profiling import profile_ladder
+
+    if backend.config.resume:
+        log.warning(
+            "calibrate.quick: backend.resume=true continues a run under way; it is not calibrated again"
+        )
+        return None
+    gpu, app = check_ranks(backend, stored)
+    n = backend.spec.num_workers
+    out.mkdir(parents=True, exist_ok=True)
+    stages = tqdm(total=3, desc="quick calibration", unit="stage", disable=not settings.progress)
+    stages.set_postfix_str(f"ladder on {n} {gpu} ranks, at most {settings.max_s:.0f} s")
+    with measuring(backend):
+        ladder = profile_ladder(
+            {n: backend},
+            list(settings.batches),
+            iterations=settings.iterations,
+            repeats=settings.repeats,
+            warmup_iterations=settings.warmup_iterations,
+            budget_s=settings.max_s,
+            seed=seed,
+            progress=settings.progress,
+        )
+    stages.update(1)
+    points = sorted(ladder.points, key=lambda p: p["local_batch"])
+    if len(points) < MIN_POINTS:
+        stages.close()
+        raise ValueError(
+            f"the quick ladder measured {len(points)} local batch(es) within calibrate.max_s={settings.max_s:g} s "
+            f"({ladder.message()}); the refit needs {MIN_POINTS}: raise calibrate.max_s or drop the largest "
+            "calibrate.batches"
+        )
+    batches = [int(p["local_batch"]) for p in points]
+    slowest = [max(p["compute_time_s"]) for p in points]  # what each iteration waits for
+    stages.set_postfix_str("refit (knee included)")
+    refit_dir = out / REFIT_DIR
+    if refit_dir.exists():
+        shutil.rmtree(refit_dir)
+    # the stored profile's models and settings; its own calibration record and ladder stay with it
+    shutil.copytree(
+        stored.path, refit_dir, ignore=shutil.ignore_patterns("calibration.*", "*ladder*", "measurements.csv")
+    )
+    refit = refit_compute_knee(
+        refit_dir, batches, slowest, f"{COMMAND} (quick ladder on the deploy's ranks)", gpu, app
+    )
+    _note_refit(refit_dir, stored, ladder)
+    refitted = load_profile(refit_dir)
+    stages.update(1)
+    stages.set_postfix_str("drift check")
+    drift = step_time_drift(
+        (stored.compute_params(gpu, app), stored.comm_params(gpu, app)),
+        (refitted.compute_params(gpu, app), refitted.comm_params(gpu, app)),
+        batches,
+        n,
+    )
+    over = drift["max_drift"] > settings.max_drift
+    verdict = (
+        "refused" if over and settings.refuse else ("over tolerance, deployed anyway" if over else "accepted")
+    )
+    record = {
+        "stored_profile": shown(stored.path),
+        "refit_profile": shown(refit_dir),
+        "ranks": {"workers": n, "gpu": gpu, "app": app},
+        "ladder": {
+            "message": ladder.message(),
+            "elapsed_s": ladder.elapsed_s,
+            "cap_s": settings.max_s,
+            "stopped_early": ladder.stopped_early,
+            "skipped": ladder.skipped,
+            "points": points,
+        },
+        "measured": [
+            {"local_batch": b, "step_time_s": p["step_time_s"], "slowest_compute_s": c}
+            for b, p, c in zip(batches, points, slowest, strict=True)
+        ],
+        "refit": refit,
+        "drift": drift,
+        "max_drift": settings.max_drift,
+        "verdict": verdict,
+        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_text(out / RECORD_FILE, dump_json(record))
+    lines = report_lines(record)
+    atomic_write_text(out / REPORT_FILE, "\n".join(lines) + "\n")
+    stages.update(1)
+    stages.close()
+    log.info("quick calibration (%s):\n%s", shown(out / REPORT_FILE), "\n".join(lines))
+    if over:
+        message = drift_message(record)
+        if settings.refuse:
+            raise ProfileDriftError(message)
+        log.warning("%s (calibrate.refuse=false: deploying anyway)", message)
+    return record
+
+
+def _note_refit(refit_dir: Path, stored: ClusterProfile, ladder: Any) -> None:
+    """The refit's provenance in its ``profile.json`` (the stored profile's stays beside it)."""
+    path = refit_dir / PROFILE_FILE
+    doc = json.loads(path.read_text())
+    doc["quick_refit"] = {
+        "command": COMMAND,
+        "from_profile": shown(stored.path),
+        "ladder": ladder.message(),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_text(path, dump_json(doc))
+
+
+def drift_message(record: dict[str, Any]) -> str:
+    """The refusal: the measured drift, where, the tolerance, and what to do."""
+    drift, tol = record["drift"], float(record["max_drift"])
+    worst = next(r for r in drift["rows"] if r["local_batch"] == drift["worst_batch"])
+    suggest = math.ceil(100 * drift["max_drift"] + 1) / 100
+    override = (
+        f"calibrate.max_drift={suggest:g} or calibrate.refuse=false"
+        if suggest <= MAX_DRIFT
+        else "calibrate.refuse=false"
+    )
+    return (
+        f"quick calibration: the stored profile {record['stored_profile']} predicts step times {worst['drift']:+.1%} "
+        f"off this machine's now at local batch {worst['local_batch']} ({1e3 * worst['stored_s']:.2f} ms stored, "
+        f"{1e3 * worst['refit_s']:.2f} ms refitted on the deploy's ranks); the largest drift allowed is "
+        f"calibrate.max_drift={tol:g} ({tol:.0%}). The refitted profile is {record['refit_profile']}: train or "
+        f"fine-tune the policy on it, or recalibrate (python -m experiments.calibrate); to deploy anyway set {override}"
+    )
+
+
+def report_lines(record: dict[str, Any]) -> list[str]:
+    """What was measured, refitted and checked, as markdown."""
+    after = record["refit"]["after"]
+    knee = after.get("knee_batch")
+    by_batch = {r["local_batch"]: r for r in record["drift"]["rows"]}
+    rows = [
+        [
+            m["local_batch"],
+            f"{1e3 * m['step_time_s']:.2f}",
+            f"{1e3 * m['slowest_compute_s']:.2f}",
+            f"{1e3 * by_batch[m['local_batch']]['stored_s']:.2f}",
+            f"{1e3 * by_batch[m['local_batch']]['refit_s']:.2f}",
+            f"{by_batch[m['local_batch']]['drift']:+.1%}",
+        ]
+        for m in record["measured"]
+    ]
+    r = record["ranks"]
+    return [
+        f"# Quick calibration before the deploy ({record['measured_utc']})",
+        "",
+        f"- ranks: {r['workers']} x {r['gpu']}, workload {r['app']}; ladder: {record['ladder']['message']}",
+        f"- stored profile: {record['stored_profile']}; refitted: {record['refit_profile']}",
+        f"- refitted compute: alpha {1e3 * after['alpha_s']:.3f} ms + beta {1e3 * after['beta_s']:.4f} ms/sample"
+        + (
+            f" + {1e3 * after['knee_beta_s']:.4f} ms/sample past local batch {knee:g} (knee)"
+            if knee is not None
+            else " (no knee kept)"
+        ),
+        f"- step-time drift of the stored profile: {record['drift']['max_drift']:.1%} at most "
+        f"(local batch {record['drift']['worst_batch']}); allowed {float(record['max_drift']):.0%}: {record['verdict']}",
+        "",
+        *table(
+            [
+                "local batch",
+                "measured step (ms)",
+                "slowest compute (ms)",
+                "stored step (ms)",
+                "refit step (ms)",
+                "drift",
+            ],
+            rows,
+            align="rrrrrr",
+        ),
+    ]

@@ -1,0 +1,208 @@
+"""Fine-tune the bundle in the refitted simulator before the run: ``python -m experiments.deploy
+finetune=true calibrate.quick=true policy=<bundle>``.
+
+After the quick calibration (:mod:`experiments.deploy_calibration`) wrote ``<run dir>/profile_refit``,
+the PPO bundle is fine-tuned (:func:`dynamix_gym.learning.training.train` with ``finetune_from``) on
+its own training domain with that profile, for at most ``finetuning.max_s`` seconds of PPO updates
+(and ``finetuning.timesteps``), then both bundles run the deploy's scenario in the refitted simulator
+on held-out seeds (``finetuning.seeds``: never the bundle's validation seeds). The fine-tuned bundle
+is kept only if its mean time to accuracy there (twice the time used when a run misses the target)
+is lower than the bundle's; else the deploy runs the bundle as it came. ``finetune.json`` in the run
+dir holds both scores per seed and the verdict; the fine-tuned bundle stays in ``finetune/policy``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynamix_gym.controllers.base import env_options
+from dynamix_gym.controllers.bundle import PPOController, load_bundle
+from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+from dynamix_gym.evaluation import run_episode
+from dynamix_gym.learning.training import FINETUNE_PPO_KEYS, TrainConfig, train
+from experiments.common import atomic_write_text, plain, shown
+from sim.datafiles import dump_json
+from sim.profile import load_profile
+
+log = logging.getLogger(__name__)
+
+RECORD_FILE = "finetune.json"
+RUN_DIR = "finetune"
+
+
+@dataclass(frozen=True)
+class Finetuning:
+    """``finetuning`` in ``conf/deploy.yaml``; every field is checked with its range."""
+
+    max_s: float = 120.0
+    timesteps: int = 20_000
+    learning_rate: float = 3e-5
+    seeds: tuple[int, ...] = (2000, 2001, 2002, 2003, 2004, 2005)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        ok = not isinstance(self.max_s, bool) and isinstance(self.max_s, int | float)
+        if not ok or not 0 < self.max_s <= 3600:
+            raise ValueError(f"finetuning.max_s must lie in (0, 3600] seconds, got {self.max_s!r}")
+        if (
+            isinstance(self.timesteps, bool)
+            or not isinstance(self.timesteps, int)
+            or not 1 <= self.timesteps <= 10**7
+        ):
+            raise ValueError(
+                f"finetuning.timesteps must be an integer in [1, 10000000], got {self.timesteps!r}"
+            )
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr <= 1e-2:
+            raise ValueError(f"finetuning.learning_rate must lie in (0, 0.01], got {lr!r}")
+        if not 1 <= len(set(self.seeds)) <= 100 or any(
+            isinstance(s, bool) or not isinstance(s, int) for s in self.seeds
+        ):
+            raise ValueError(
+                f"finetuning.seeds must list 1-100 distinct integer seeds, got {list(self.seeds)}"
+            )
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"finetuning.progress must be true or false, got {self.progress!r}")
+
+    @classmethod
+    def from_config(cls, node: Any) -> Finetuning:
+        values = dict(plain(node) or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"finetuning.{unknown[0]} is not a setting; finetuning takes {known}")
+        if "seeds" in values:
+            values["seeds"] = tuple(values["seeds"] or ())
+        return cls(**values)
+
+
+def check_finetune(controller: Any, calibrating: bool) -> PPOController:
+    """The PPO bundle to fine-tune; an error naming what to set when there is none to refit on."""
+    if not calibrating:
+        raise ValueError(
+            "finetune=true fine-tunes in the simulator refitted by the quick calibration: set calibrate.quick=true"
+        )
+    if not isinstance(controller, PPOController):
+        raise ValueError(
+            f"finetune=true fine-tunes a PPO bundle (policy=<bundle dir>); the controller here is "
+            f"{getattr(controller, 'name', type(controller).__name__)!r}"
+        )
+    return controller
+
+
+def train_config(bundle: Any, refit_dir: Path, settings: Finetuning, run_dir: Path, seed: int) -> TrainConfig:
+    """The bundle's own training config, on its domain with the refitted profile, fine-tuning from it
+    for a bounded time (no checkpoints to resume, one validation seed at the start and the end)."""
+    cfg = dict(bundle.meta.config or {})
+    names = {f.name for f in fields(TrainConfig)}
+    kwargs = {k: v for k, v in cfg.items() if k in names}
+    held_out = set(settings.seeds) & {int(s) for s in kwargs.get("eval_seeds", ())}
+    if held_out:
+        raise ValueError(
+            f"finetuning.seeds {sorted(held_out)} are the bundle's validation seeds: held-out seeds must differ"
+        )
+    ppo = {k: v for k, v in (kwargs.get("ppo") or {}).items() if k in FINETUNE_PPO_KEYS}
+    kwargs.update(
+        run_dir=str(run_dir),
+        seed=int(seed),
+        finetune_from=str(bundle.path),
+        domain={**(kwargs.get("domain") or {}), "profile": str(refit_dir)},
+        env={**(kwargs.get("env") or {}), **({"reward": cfg["reward"]} if "reward" in cfg else {})},
+        ppo={**ppo, "learning_rate": float(settings.learning_rate)},
+        total_timesteps=int(settings.timesteps),
+        max_train_s=float(settings.max_s),
+        eval_every=10 * int(settings.timesteps),  # validated at the start and the end only
+        eval_seeds=list(kwargs.get("eval_seeds") or [1000])[:1],
+        eval_tasks=(),
+        checkpoint_every=10 * int(settings.timesteps),
+        resume=False,
+        subprocess=False,
+        expert_pretrain=None,
+        progress_bar=bool(settings.progress),
+    )
+    return TrainConfig(**kwargs)
+
+
+def held_out_tta(
+    controller: PPOController, refit_dir: Path, scenario: Any, interval: int, seeds: tuple[int, ...]
+) -> list[float]:
+    """Per seed: the time to accuracy of ``controller`` in the refitted simulator under ``scenario``
+    (twice the time used when the run misses the target)."""
+    from experiments.serve import episode_tta
+
+    profile = load_profile(refit_dir)
+    out = []
+    for seed in seeds:
+        env = HeteroClusterEnv(
+            profile=profile,
+            scenario=scenario,
+            interval=interval,
+            action_mode=controller.action_mode,
+            **env_options(controller),
+        )
+        try:
+            out.append(episode_tta(run_episode(env, controller, int(seed)).summary))
+        finally:
+            env.close()
+    return out
+
+
+def finetune_in_refit(
+    controller: PPOController,
+    refit_dir: Path,
+    scenario: Any,
+    interval: int,
+    settings: Finetuning,
+    out: Path,
+    seed: int,
+) -> tuple[PPOController, dict[str, Any]]:
+    """Fine-tune, score both bundles on the held-out seeds, and return the controller to deploy
+    (the fine-tuned one only if it is faster there) with the record written to ``out/finetune.json``."""
+    bundle = controller.bundle
+    cfg = train_config(bundle, refit_dir, settings, out / RUN_DIR, seed)
+    log.info(
+        "fine-tuning %s in the refitted simulator for at most %.0f s", shown(bundle.path), settings.max_s
+    )
+    # the fine-tuned bundle records the run that made it (its domain's profile: the refitted one)
+    made = {f.name: getattr(cfg, f.name) for f in fields(TrainConfig)}
+    result = train(
+        cfg,
+        config_dict={
+            **(bundle.meta.config or {}),
+            **made,
+            "reward": (bundle.meta.config or {}).get("reward"),
+        },
+    )
+    tuned = PPOController(bundle=load_bundle(result["final_bundle"]))
+    before = held_out_tta(controller, refit_dir, scenario, interval, settings.seeds)
+    after = held_out_tta(tuned, refit_dir, scenario, interval, settings.seeds)
+    kept = float(np.mean(after)) < float(np.mean(before))
+    record = {
+        "bundle": shown(bundle.path),
+        "finetuned": shown(result["final_bundle"]),
+        "profile": shown(refit_dir),
+        "scenario": getattr(scenario, "name", str(scenario)),
+        "seeds": list(settings.seeds),
+        "tta_s": {"bundle": before, "finetuned": after},
+        "mean_tta_s": {"bundle": float(np.mean(before)), "finetuned": float(np.mean(after))},
+        "train": {k: result[k] for k in ("timesteps", "train_seconds", "stopped_by_wall_clock")},
+        "max_s": settings.max_s,
+        "kept": kept,
+    }
+    atomic_write_text(out / RECORD_FILE, dump_json(record))
+    log.info(
+        "fine-tuned bundle %s: mean time to accuracy on %d held-out simulated seeds %.1f s vs the bundle's %.1f s "
+        "(%d timesteps in %.0f s)",
+        "KEPT" if kept else "not kept",
+        len(settings.seeds),
+        record["mean_tta_s"]["finetuned"],
+        record["mean_tta_s"]["bundle"],
+        result["timesteps"],
+        result["train_seconds"],
+    )
+    return (tuned if kept else controller), record

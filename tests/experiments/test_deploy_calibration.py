@@ -1,0 +1,276 @@
+"""Calibrate right before the run: the drift check with synthetic profiles, the quick ladder and
+refit against a simulated machine, the settings' ranges, and (integration) a short ladder on 2 CPU ranks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from support import ROOT, run_python
+
+from adapters.config import RealDDPConfig
+from dynamix_gym.backends.sim_backend import SimBackend
+from experiments.calibration.fit import refit_compute_knee
+from experiments.deploy_calibration import (
+    RECORD_FILE,
+    REFIT_DIR,
+    REPORT_FILE,
+    ProfileDriftError,
+    QuickCalibration,
+    check_ranks,
+    quick_calibrate,
+    stored_profile,
+)
+from sim.faults import Scenario
+from sim.fitting.step_time import step_time_drift
+from sim.hardware import ComputeParams
+from sim.profile import load_profile
+
+PROFILE = ROOT / "results" / "fidelity" / "profile"  # 2 CPU ranks, MNIST CNN (experiments.calibrate)
+KEY = ("cpu", "mnist_cnn")
+FAST = QuickCalibration(quick=True, batches=(16, 32, 64, 128, 192, 256, 320), progress=False)
+
+
+def _line(alpha_s: float = 2e-3, beta_s: float = 3e-4, **kw) -> ComputeParams:
+    """T(b) = alpha + beta * b (+ a knee): host_s 0, k 1, so the step time of one replica is T(b)."""
+    return ComputeParams("cpu", "mnist_cnn", alpha_s, beta_s, 1.0, 0.0, 1.0, 512, **kw)
+
+
+def _with_compute(profile, params: ComputeParams):
+    return replace(profile, compute={**profile.compute, KEY: params})
+
+
+# --- the drift check, synthetic profiles ---------------------------------------------------------
+def test_identical_models_do_not_drift():
+    p = load_profile(PROFILE)
+    models = (p.compute[KEY], p.comm[KEY])
+    d = step_time_drift(models, models, [16, 64, 256], replicas=2)
+    assert d["max_drift"] == 0.0 and [r["drift"] for r in d["rows"]] == [0.0, 0.0, 0.0]
+
+
+def test_a_uniformly_slower_machine_drifts_by_its_slow_down():
+    stored, slower = _line(), _line(2e-3 * 1.25, 3e-4 * 1.25)  # this machine is 25% slower now
+    d = step_time_drift((stored, None), (slower, None), [16, 64, 256], replicas=1)
+    assert d["max_drift"] == pytest.approx(0.2, abs=1e-12)  # stored / refit - 1 = 1 / 1.25 - 1
+    assert all(r["drift"] == pytest.approx(-0.2, abs=1e-12) for r in d["rows"])
+
+
+def test_a_knee_only_drifts_past_it():
+    stored, knee = _line(), _line(knee_batch=192.0, knee_beta_s=5e-4)
+    d = step_time_drift((stored, None), (knee, None), [32, 128, 192, 256, 320], replicas=1)
+    by_batch = {r["local_batch"]: r["drift"] for r in d["rows"]}
+    assert by_batch[32] == by_batch[128] == by_batch[192] == 0.0
+    assert by_batch[320] < by_batch[256] < 0.0  # the stored profile is too fast past the knee
+    assert d["worst_batch"] == 320 and d["max_drift"] == pytest.approx(-by_batch[320])
+
+
+# --- the whole quick calibration against a simulated machine ---------------------------------------
+class SimulatedRanks(SimBackend):
+    """Ranks whose step times are those of ``profile``: the simulator, noise-free, equal speeds."""
+
+    def __init__(self, profile) -> None:
+        quiet = Scenario(
+            name="quiet", worker_speed=(1.0, 1.0), compute_noise_cv=0.0, measurement_noise_cv=0.0
+        )
+        super().__init__(profile=profile, scenario=quiet)
+        self.config = RealDDPConfig(workers=2)
+
+
+def test_a_machine_as_stored_is_accepted_and_the_refit_written(tmp_path):
+    stored = load_profile(PROFILE)
+    record = quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0)
+    assert record["verdict"] == "accepted" and record["drift"]["max_drift"] < 0.10
+    assert [m["local_batch"] for m in record["measured"]] == [16, 32, 64, 128, 192, 256, 320]
+    refit = load_profile(tmp_path / REFIT_DIR)
+    assert refit.workload == stored.workload and refit.comm == stored.comm  # only the compute is refitted
+    assert refit.compute[KEY].exponent == 1.0 and refit.compute[KEY] != stored.compute[KEY]
+    assert json.loads((tmp_path / REFIT_DIR / "profile.json").read_text())["quick_refit"]["from_profile"]
+    assert not (
+        tmp_path / REFIT_DIR / "calibration.md"
+    ).exists()  # the stored profile's record is not the refit's
+    assert json.loads((tmp_path / RECORD_FILE).read_text())["verdict"] == "accepted"
+    report = (tmp_path / REPORT_FILE).read_text()
+    assert "| local batch | measured step (ms) |" in report and "accepted" in report
+
+
+def test_a_machine_with_a_cache_cliff_is_refused_naming_the_drift_and_the_override(tmp_path):
+    stored = _with_compute(load_profile(PROFILE), _line())
+    now = _with_compute(stored, _line(knee_batch=192.0, knee_beta_s=6e-4))  # a cliff the stored profile lacks
+    with pytest.raises(ProfileDriftError) as e:
+        quick_calibrate(SimulatedRanks(now), stored, FAST, tmp_path, seed=0)
+    record = json.loads((tmp_path / RECORD_FILE).read_text())
+    assert record["verdict"] == "refused" and record["drift"]["worst_batch"] == 320
+    assert record["refit"]["after"]["knee_batch"] == pytest.approx(192.0, abs=16)  # the knee is refitted
+    drift = record["drift"]["max_drift"]
+    assert drift > 0.10
+    message = str(e.value)
+    assert f"{-drift:+.1%} off this machine's now at local batch 320" in message
+    assert "calibrate.max_drift=0.1 (10%)" in message and "calibrate.refuse=false" in message
+    assert f"{REFIT_DIR}" in message
+    # the override it names lets the deploy through
+    allowed = replace(FAST, max_drift=float(message.split("set calibrate.max_drift=")[1].split()[0]))
+    assert quick_calibrate(SimulatedRanks(now), stored, allowed, tmp_path, seed=0)["verdict"] == "accepted"
+    relaxed = replace(FAST, refuse=False)
+    assert quick_calibrate(SimulatedRanks(now), stored, relaxed, tmp_path, seed=0)["verdict"].startswith(
+        "over"
+    )
+
+
+def test_the_ladder_runs_without_checkpoints_or_guards_and_gives_both_back(tmp_path):
+    from sim.guards import Guard
+
+    class Watched(SimulatedRanks):
+        seen: set = set()
+
+        def run_interval(self, local_batches, iterations):
+            self.seen.add((self.guard.config.mode, self.config.checkpoint_every))
+            return super().run_interval(local_batches, iterations)
+
+    stored = load_profile(PROFILE)
+    ranks = Watched(stored)
+    ranks.config = RealDDPConfig(workers=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    ranks.guard = guard = Guard("act")
+    quick_calibrate(ranks, stored, FAST, tmp_path, seed=0)
+    assert ranks.seen == {("off", 0)}
+    assert ranks.guard is guard and ranks.config.checkpoint_every == 2
+
+
+def test_a_cap_too_short_for_three_batches_is_named(tmp_path, monkeypatch):
+    import dynamix_gym.measurement.profiling as profiling
+
+    stored = load_profile(PROFILE)
+    real = profiling.profile_ladder
+
+    def two_points(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.points = out.points[:2]
+        return out
+
+    monkeypatch.setattr(profiling, "profile_ladder", two_points)
+    with pytest.raises(
+        ValueError, match=r"measured 2 local batch\(es\) within calibrate.max_s=60 s .*raise calibrate.max_s"
+    ):
+        quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0)
+
+
+# --- settings and preconditions ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"max_drift": 0}, r"calibrate.max_drift must lie in \(0, 10\] \(a fraction: 0.10 is 10%\), got 0"),
+        ({"max_drift": float("nan")}, r"calibrate.max_drift must lie in \(0, 10\]"),
+        ({"max_s": 0}, r"calibrate.max_s must lie in \(0, 600\] seconds, got 0"),
+        ({"max_s": 3600}, r"calibrate.max_s must lie in \(0, 600\] seconds, got 3600"),
+        ({"iterations": 0}, r"calibrate.iterations must be an integer in \[1, 1000\], got 0"),
+        ({"batches": [16, 32]}, r"calibrate.batches must list at least 3 distinct local batches"),
+        ({"quick": "yes"}, "calibrate.quick must be true or false, got 'yes'"),
+        ({"max_drif": 0.2}, r"calibrate.max_drif is not a setting; calibrate takes \['quick', 'profile'"),
+    ],
+)
+def test_bad_settings_name_the_field_and_range(values, message):
+    with pytest.raises(ValueError, match=message):
+        QuickCalibration.from_config(values)
+
+
+def test_the_stored_profile_is_the_given_one_else_the_bundles_training_profile():
+    from dynamix_gym.controllers.bundle import PPOController
+    from dynamix_gym.controllers.registry import make_controller
+
+    given = stored_profile(QuickCalibration(quick=True, profile=str(PROFILE)), None)
+    assert given.path == PROFILE
+    bundle = PPOController(
+        path=ROOT / "results" / "fidelity" / "policy"
+    )  # trained on results/fidelity/profile
+    assert stored_profile(QuickCalibration(quick=True), bundle).path.resolve() == PROFILE.resolve()
+    with pytest.raises(ValueError, match=r"give calibrate.profile=<profile dir>"):
+        stored_profile(QuickCalibration(quick=True), make_controller("dlb"))
+    with pytest.raises(ValueError, match=r"calibrate.profile: cluster profile 'nowhere' not found"):
+        stored_profile(QuickCalibration(quick=True, profile="nowhere"), None)
+
+
+def test_emulated_ranks_and_foreign_profiles_are_refused_naming_the_setting():
+    stored = load_profile(PROFILE)
+    ranks = SimulatedRanks(stored)
+    ranks.config = RealDDPConfig(workers=2, emulate=("T4", "V100"))
+    with pytest.raises(
+        ValueError, match=r"emulate \['T4', 'V100'\] \(backend.emulate=cluster\): set backend.emulate=null"
+    ):
+        check_ranks(ranks, stored)
+    gpu_ranks = SimpleNamespace(
+        spec=SimpleNamespace(gpu_types=("cuda", "cuda")), config=RealDDPConfig(workers=2)
+    )
+    with pytest.raises(
+        ValueError, match=r"has no compute model of \(cuda, mnist_cnn\) \(it has \[\('cpu', 'mnist_cnn'\)\]\)"
+    ):
+        check_ranks(gpu_ranks, stored)
+    assert check_ranks(SimulatedRanks(stored), stored) == KEY
+
+
+def test_refit_compute_knee_replaces_the_one_model_in_place(tmp_path):
+    shutil.copytree(PROFILE, tmp_path / "p")
+    b = np.array([16, 32, 64, 128, 192, 256, 320], dtype=float)
+    t = 2e-3 + 3e-4 * b + 6e-4 * np.maximum(0.0, b - 192)
+    out = refit_compute_knee(tmp_path / "p", b, t, "test")
+    assert out["before"]["exponent"] != 1.0 and out["after"]["knee_batch"] == pytest.approx(192.0, abs=16)
+    params = load_profile(tmp_path / "p").compute[KEY]
+    assert params.knee_batch == out["after"]["knee_batch"] and params.max_batch == 512
+    with pytest.raises(ValueError, match=r"0 compute models match \(gpu=V100, app=None\)"):
+        refit_compute_knee(tmp_path / "p", b, t, "test", gpu="V100")
+
+
+# --- real ranks -------------------------------------------------------------------------------------
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_short_ladder_on_two_cpu_ranks_refits_and_checks_the_stored_profile(tmp_path):
+    """The profile's own real setup (2 gloo ranks, CNN on MNIST); a tolerance no machine meets, so the
+    refusal path runs whatever this shared machine's load, and its record says what was measured."""
+    from adapters.ddp_backend import DDPBackend
+
+    stored = load_profile(PROFILE)
+    real = {k: v for k, v in stored.meta["provenance"]["real_config"].items() if k != "noise_smoothing"}
+    backend = DDPBackend(RealDDPConfig(**{**real, "target_accuracy": 1.0}))
+    settings = QuickCalibration(
+        quick=True, max_s=60.0, batches=(16, 32, 64, 128), iterations=5, repeats=2, warmup_iterations=2,
+        max_drift=1e-6, progress=False,
+    )  # fmt: skip
+    try:
+        with pytest.raises(ProfileDriftError, match=r"calibrate.max_drift=1e-06"):
+            quick_calibrate(backend, stored, settings, tmp_path, seed=0)
+        backend.reset(seed=1)  # the ranks train on afterwards, from a fresh start
+        report = backend.run_interval(np.array([32, 32]), 5)
+    finally:
+        backend.close()
+    assert report.iterations == 5
+    record = json.loads((tmp_path / RECORD_FILE).read_text())
+    assert record["verdict"] == "refused" and record["ladder"]["elapsed_s"] <= 60.0 + 15.0
+    assert [m["local_batch"] for m in record["measured"]] == [16, 32, 64, 128]
+    steps = [m["step_time_s"] for m in record["measured"]]
+    assert all(s > 0 for s in steps) and steps[-1] > steps[0]  # a larger batch takes longer
+    assert load_profile(tmp_path / REFIT_DIR).compute[KEY].exponent == 1.0
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # the deploy app: a ladder and an episode on 2 real ranks (about a minute here)
+def test_deploy_calibrates_fine_tunes_and_runs_when_told_to_despite_drift(tmp_path):
+    out = tmp_path / "run"
+    proc = run_python([
+        "-m", "experiments.deploy", "policy=results/fidelity/policy", "backend.emulate=null", "backend.workers=2",
+        "calibrate.quick=true", "calibrate.batches=[16,32,64,128]", "calibrate.iterations=5", "calibrate.max_s=40",
+        "calibrate.max_drift=1e-6", "calibrate.refuse=false", "calibrate.progress=false", "env.max_decisions=2",
+        "finetune=true", "finetuning.timesteps=1024", "finetuning.seeds=[2000,2001]", "finetuning.progress=false",
+        f"out_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
+    ], timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(calibrate.refuse=false: deploying anyway)" in proc.stdout + proc.stderr
+    record = json.loads((out / RECORD_FILE).read_text())
+    assert (
+        record["verdict"] == "over tolerance, deployed anyway"
+        and record["stored_profile"] == "results/fidelity/profile"
+    )
+    assert (out / "summary.csv").exists() and load_profile(out / REFIT_DIR).compute[KEY].exponent == 1.0
+    finetuned = json.loads((out / "finetune.json").read_text())  # fine-tuned on the refit, then judged
+    assert finetuned["profile"].endswith(REFIT_DIR) and len(finetuned["tta_s"]["finetuned"]) == 2

@@ -10,6 +10,10 @@ worker-iteration relative to the smallest cluster; <= 1 means sub-linear growth)
 Beside each row, the batched engine (:class:`sim.batched.BatchedSimulator`, ``batched_clusters``
 clusters of the same world with one noise stream for the batch) in cluster-intervals per second and
 its speed-up over the SimPy engine (``batched_clusters=0`` skips it).
+
+The pipeline row (``result["pipeline"]``): an interval of the pipeline mode (:mod:`sim.pipeline`,
+8 stages x 16 micro-batches, 1F1B, K iterations, a generated 32-block model) against a
+data-parallel interval of 8 workers measured right after it; target: at most 2x its cost.
 """
 
 from __future__ import annotations
@@ -78,6 +82,27 @@ def measure_batched(
     return count * clusters / (time.perf_counter() - t0)
 
 
+def measure_pipeline(scenario: str, iterations: int, seconds: float, seed: int) -> dict:
+    from sim.pipeline.model import ModelShape, generate_model
+    from sim.pipeline.simulator import PipelineSimulator
+
+    model = generate_model(np.random.default_rng(seed), ModelShape(num_blocks=(32, 32)))
+    sim = PipelineSimulator(default_cluster(8), model, scenario, stages=8, seed=seed)
+    sim.reset()
+    sizes = sim.default_sizes()
+    for _ in range(20):
+        sim.run_interval(sizes, 16, iterations)
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            sim.run_interval(sizes, 16, iterations)
+        count += 20
+    pipe_us = 1e6 * (time.perf_counter() - t0) / count
+    dp_us = measure(8, scenario, "cifar10", iterations, seconds, seed)["us_per_interval"]
+    return {"stages": 8, "micro_batches": 16, "scenario": scenario, "us_per_interval": pipe_us,
+            "dp_8_workers_us_per_interval": dp_us, "cost_vs_dp": pipe_us / dp_us, "target_cost_vs_dp": 2.0}  # fmt: skip
+
+
 def run(cfg: DictConfig) -> dict:
     rows = []
     clusters = int(cfg.get("batched_clusters", 0))
@@ -134,7 +159,14 @@ def run(cfg: DictConfig) -> dict:
         "date": datetime.date.today().isoformat(),
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine: timings are noisy when high
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "pipeline": [
+            measure_pipeline(sc, int(cfg.iterations), float(cfg.seconds), int(cfg.seed))
+            for sc in cfg.scenarios
+        ],
     }
+    for p in result["pipeline"]:
+        print(f"pipeline {p['scenario']}: 8 stages x 16 micro-batches {p['us_per_interval']:.0f} us/interval, "
+              f"{p['cost_vs_dp']:.2f}x a data-parallel interval of 8 workers (target <= 2)")  # fmt: skip
     out = Path(to_absolute_path(cfg.out))
     atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")

@@ -6,7 +6,7 @@ the PPO bundle is fine-tuned (:func:`dynamix_gym.learning.training.train` with `
 its own training domain with that profile, for at most ``finetuning.max_s`` seconds of PPO updates
 (and ``finetuning.timesteps``), then both bundles run the deploy's scenario in the refitted simulator
 on held-out seeds (``finetuning.seeds``: never the bundle's validation seeds). The fine-tuned bundle
-is kept only if its mean time to accuracy there (twice the time used when a run misses the target)
+is kept only if its mean score there (its time to accuracy, the time budget when a run misses the target)
 is lower than the bundle's; else the deploy runs the bundle as it came. ``finetune.json`` in the run
 dir holds both scores per seed and the verdict; the fine-tuned bundle stays in ``finetune/policy``.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dynamix_gym.benchmark.scoring import run_score_s
 from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
@@ -131,10 +132,9 @@ def train_config(bundle: Any, refit_dir: Path, settings: Finetuning, run_dir: Pa
 def held_out_tta(
     controller: PPOController, refit_dir: Path, scenario: Any, interval: int, seeds: tuple[int, ...]
 ) -> list[float]:
-    """Per seed: the time to accuracy of ``controller`` in the refitted simulator under ``scenario``
-    (twice the time used when the run misses the target)."""
-    from experiments.serve import episode_tta
-
+    """Per seed: the score of ``controller`` in the refitted simulator under ``scenario``: its time
+    to accuracy, or the time budget when it misses the target (the benchmark's one score,
+    :func:`dynamix_gym.benchmark.scoring.run_score_s`)."""
     profile = load_profile(refit_dir)
     out = []
     for seed in seeds:
@@ -146,7 +146,10 @@ def held_out_tta(
             **env_options(controller),
         )
         try:
-            out.append(episode_tta(run_episode(env, controller, int(seed)).summary))
+            s = run_episode(env, controller, int(seed)).summary
+            out.append(
+                run_score_s(s["reached_target"], s["time_to_accuracy_s"], env.backend.spec.time_budget_s)
+            )
         finally:
             env.close()
     return out

@@ -61,8 +61,8 @@ def test_the_run_is_the_bundles_own_on_the_refitted_profile_and_bounded(bundle_c
     base = bundle_ctl.bundle.meta.config
     assert cfg.domain == {**base["domain"], "profile": str(refit)}
     assert cfg.finetune_from == str(BUNDLE) and cfg.max_train_s == 30.0 and cfg.total_timesteps == 2048
-    assert cfg.cluster_sizes == base["cluster_sizes"] and cfg.env["reward"] == base["reward"]
-    assert cfg.ppo["learning_rate"] == 3e-5 and cfg.resume is False and cfg.eval_seeds == [1000]
+    assert list(cfg.cluster_sizes) == list(base["cluster_sizes"]) and cfg.env["reward"] == base["reward"]
+    assert cfg.ppo["learning_rate"] == 3e-5 and cfg.resume is False and list(cfg.eval_seeds) == [1000]
     with pytest.raises(ValueError, match=r"finetuning.seeds \[1000\] are the bundle's validation seeds"):
         ft.train_config(bundle_ctl.bundle, refit, ft.Finetuning(seeds=(1000, 2000)), tmp_path / "r2", 0)
 

@@ -397,7 +397,7 @@ class DynamixController:
     def _set_lr(self, lr: float) -> None:
         """The learning rate the rule asks for; the optimiser gets there over the guards' ramp."""
         self.lr = lr
-        self.ramp.set_target(lr)
+        self.ramp.set_target(lr, int(self.batches.sum()))
         self._apply_lr(self.ramp.current)
 
     def _apply_lr(self, lr: float) -> None:

@@ -212,7 +212,9 @@ class Trainer:
         gain = self.cfg.guards.lr_gain(
             lr_gain(lr["rule"], int(b_all.sum()), lr["base_batch"], lr["noise_scale"])
         )
-        self.ramp.set_target(lr["base_lr"] * lr.get("multiplier", 1.0) * gain)  # an elastic controller's
+        self.ramp.set_target(
+            lr["base_lr"] * lr.get("multiplier", 1.0) * gain, int(b_all.sum())
+        )  # an elastic controller's
         lrs = self.ramp.steps(int(iterations))
         self._set_lr(lrs[0])
         setup_s = time.perf_counter() - t_setup

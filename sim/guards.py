@@ -8,10 +8,10 @@ Three mechanisms, configured by one :class:`GuardConfig` (``mode="act"``, the de
    ``max_lr_gain`` (:func:`capped_lr_gain`). Default 2: the real AdaScale runs on the CPU task lose
    progress beyond twice the base rate (``results/fidelity/schedules_fit.md``: fitted
    ``lr_stable_gain`` 2.0) and diverge in some seeds at 8-16x the base batch.
-2. **A learning-rate ramp.** When the learning rate rises (the global batch grew, so the rule's
-   gain did), it moves to its new value linearly over ``lr_ramp_iters`` iterations, never in one
-   step (Goyal et al.'s gradual warm-up), :class:`LRRamp`; a lower rate is taken at once (a
-   slow descent would keep a rate that is already too high, as after a rollback). The gain itself follows the gradient noise
+2. **A learning-rate ramp.** When the learning rate rises because the global batch grew, it moves
+   to its new value linearly over ``lr_ramp_iters`` iterations, never in one step (Goyal et al.'s
+   gradual warm-up), :class:`LRRamp`; a lower rate is taken at once (a slow descent would keep a
+   rate that is already too high, as after a rollback), and so is the rule's drift at a fixed batch. The gain itself follows the gradient noise
    scale's exponential moving average, so it is smoothed as well as capped.
 3. **A divergence watchdog with rollback** (:class:`Watchdog`). After every interval it compares the
    validation quality (the report's rising ``val_accuracy``) with its best so far and the validation
@@ -172,8 +172,11 @@ def capped_lr_gain(gain: float, max_gain: float | None) -> float:
 
 class LRRamp:
     """The learning rate of each iteration: rises linearly from where it is to a higher target over
-    ``iters`` iterations (0: at once); a lower target is taken at once. A higher target mid-ramp
-    starts a new ramp from the current rate.
+    ``iters`` iterations (0: at once) when the global batch grew; a lower target is taken at once,
+    and so is a higher one at the same batch (the rule's drift with its noise-scale estimate, which
+    a ramp restarted at every interval would hold below its target for good). Mid-ramp, a new target
+    at the same batch is where the ramp now goes; one at a larger batch starts a new ramp from the
+    current rate.
 
     Every rank of a job holds one and feeds it the same targets, so every rank steps the same rates.
     """
@@ -184,13 +187,23 @@ class LRRamp:
         self.iters = iters
         self.start = self.target = lr
         self.done = iters  # iterations into the current ramp
+        self.last_batch: int | None = None
 
-    def set_target(self, lr: float) -> None:
+    def set_target(self, lr: float, global_batch: int | None = None) -> None:
+        """The rate to reach; ``global_batch`` (None: treated as grown) tells a jump from a drift."""
+        grew = global_batch is None or self.last_batch is None or global_batch > self.last_batch
+        if global_batch is not None:
+            self.last_batch = int(global_batch)
         if self.target is None or self.iters == 0 or lr <= self.current:
             self.start = self.target = lr
             self.done = self.iters
-        elif lr != self.target:
-            self.start, self.target, self.done = self.current, lr, 0
+        elif grew:
+            if lr != self.target:
+                self.start, self.target, self.done = self.current, lr, 0
+        elif self.done < self.iters:
+            self.target = lr  # the same ramp, to the drifted target
+        else:
+            self.start = self.target = lr
 
     @property
     def current(self) -> float:
@@ -210,7 +223,8 @@ class LRRamp:
         return [self.next() for _ in range(k)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"iters": self.iters, "start": self.start, "target": self.target, "done": self.done}
+        return {"iters": self.iters, "start": self.start, "target": self.target, "done": self.done,
+                "last_batch": self.last_batch}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.iters, self.start, self.target, self.done = (
@@ -219,6 +233,7 @@ class LRRamp:
             state["target"],
             int(state["done"]),
         )
+        self.last_batch = state.get("last_batch")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,14 @@ def test_the_ramp_rises_linearly_restarts_from_where_it_is_and_falls_at_once():
     ramp.set_target(0.9)
     ramp.set_target(0.2)  # mid-ramp down: at once
     assert ramp.steps(2) == [0.2, 0.2]
+    drift = LRRamp(4)
+    drift.set_target(0.1, 64)
+    drift.set_target(0.4, 256)  # the batch grew: a ramp
+    assert drift.steps(2) == pytest.approx([0.175, 0.25])
+    drift.set_target(0.5, 256)  # the rule's drift at the same batch, mid-ramp: the same ramp, a new end
+    assert drift.steps(3) == pytest.approx([0.4, 0.5, 0.5])
+    drift.set_target(0.6, 256)  # drift after the ramp: at once, not a ramp restarted every interval
+    assert drift.steps(1) == [0.6]
     instant = LRRamp(0)
     instant.set_target(0.1)
     instant.set_target(0.7)

@@ -94,7 +94,7 @@ def test_torchrun_drop_in_drives_a_scale_free_bundle():
         "--policy", "results/policies/universal", "--iterations", "75", "--interval", "25"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"done: 75 steps, 3 decisions, .*\(policy ppo\)", proc.stdout), proc.stdout
+    assert re.search(r"done: 75 steps, 3 decisions, .*\(policy ppo[,)]", proc.stdout), proc.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the clean skip; the GPU test runs it for real")

@@ -13,6 +13,7 @@ from adapters.real_pipeline.ranks import StageRankError, run_stages
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # 27 s of real stage ranks (make test-slow): keeps make test under 5 minutes
 def test_repartition_loses_no_step():
     whole = run_stages([0, 4, 8], steps=6, timeout_s=240)
     first = run_stages([0, 4, 8], steps=3, timeout_s=240)
@@ -26,6 +27,7 @@ def test_repartition_loses_no_step():
     assert second["state"]["b0"]["0.weight"].shape == (128, 64)
 
 
+@pytest.mark.slow  # waits out a 90 s stage timeout (make test-slow); DDP's hung rank is in make test
 def test_hung_rank_is_named_and_nothing_is_left():
     with pytest.raises(StageRankError, match="rank 1") as err:
         run_stages([0, 4, 8], steps=3, slowdown=[1.0, 1e6], timeout_s=90)

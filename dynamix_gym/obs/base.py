@@ -100,6 +100,23 @@ class ObservationSchema:
         return "\n".join(lines)
 
 
+TABLE_MARK = (
+    "Its table, generated from the features at import (the docs' observation reference shows it too):"
+)
+"""The sentence after which :func:`with_table` puts a schema module's table in its docstring."""
+
+
+def with_table(doc: str | None, schema: ObservationSchema) -> str | None:
+    """``doc`` with ``schema``'s per-worker table (:meth:`ObservationSchema.as_table`) after its
+    :data:`TABLE_MARK`: a schema module's docstring shows its table in ``help()`` without a copy kept
+    by hand. ``None`` stays ``None`` (``python -OO`` strips docstrings)."""
+    if doc is None:
+        return None
+    if TABLE_MARK not in doc:
+        raise ValueError(f"the docstring has no table mark {TABLE_MARK!r}")
+    return doc.replace(TABLE_MARK, f"{TABLE_MARK}\n\n{schema.as_table()}\n", 1)
+
+
 class EncoderBase:
     """What every schema's encoder holds: the backend spec, the history window and the
     noise-scale estimator. Subclasses set ``schema`` (their :class:`ObservationSchema`), build their

@@ -18,39 +18,8 @@ Dropped from schema 1 because they carry a workload's scale and no decision: abs
 batches, bytes and gradient norms, host memory, training-batch accuracy, the loss in ln(C) units,
 the statistical efficiency against the workload's base batch and the (absolute) worker count.
 
-Per-worker observation (``self.*`` then ``global.*``; :data:`OBS_SCHEMA_V2`):
-
-| index | name | unit | raw range | description |
-|---|---|---|---|---|
-| 0 | self.batch_position | fraction | [0, 1] | (log2 b - log2 min) / (log2 max - log2 min); 0 if min = max |
-| 1 | self.batch_ratio | log2(ratio) | [-6, 6] | local batch / mean live local batch |
-| 2 | self.speed_ratio | log2(ratio) | [-6, 6] | compute samples/s / mean over live workers |
-| 3 | self.speed_trend | log2(ratio) | [-4, 4] | compute samples/s / its value in the worker's first live interval |
-| 4 | self.compute_share | fraction | [0, 1] | compute time / slowest live worker's compute time |
-| 5 | self.idle_fraction | fraction | [0, 1] | share of the iteration spent waiting at the barrier |
-| 6 | self.gpu_util | fraction | [0, 1] | device busy fraction |
-| 7 | self.cpu_util_change | fraction | [-1, 1] | host CPU utilisation minus its value in the worker's first live interval |
-| 8 | self.net_share | log2(ratio) | [-6, 6] | gradient bytes/s sent / mean over live workers |
-| 9 | self.retransmit_rate | log10(fraction) | [-6, 0] | retransmitted / sent TCP segments (1448-byte segments), floored at 1e-6 |
-| 10 | self.grad_norm_ratio | log2(ratio) | [-4, 4] | mean local gradient norm / mean over live workers |
-| 11 | self.grad_norm_cv | log10(ratio) | [-4, 1] | std / mean of the local gradient norm, floored at 1e-6 |
-| 12 | self.grad_norm_trend | log2(ratio) | [-6, 6] | mean local gradient norm / its value in the worker's first live interval |
-| 13 | self.alive | flag | [0, 1] | 1 if the worker took part in the interval |
-| 14 | global.progress | fraction | [-0.5, 1.5] | (quality - first quality) / (target - first quality) |
-| 15 | global.progress_gain | fraction | [-0.5, 0.5] | quality gain over `window` intervals / (target - first quality) |
-| 16 | global.val_loss_trend | log2(ratio) | [-8, 2] | validation loss / first interval's |
-| 17 | global.noise_to_batch | log2(ratio) | [-12, 12] | noise-scale estimate / global batch |
-| 18 | global.noise_scale_trend | log2(ratio) | [-8, 8] | noise-scale estimate / the run's first unsaturated estimate |
-| 19 | global.global_batch_position | fraction | [0, 1] | global batch in octaves between the live workers' summed min and max |
-| 20 | global.time_used | fraction | [0, 1.5] | wall time / episode time budget |
-| 21 | global.interval_time_trend | log2(ratio) | [-8, 8] | interval wall time / the run's first interval's |
-| 22 | global.iteration_time_trend | log2(ratio) | [-6, 6] | mean live iteration time / the run's first interval's |
-| 23 | global.throughput_trend | log2(ratio) | [-6, 6] | samples/s of the interval / the run's first interval's |
-| 24 | global.throughput_gain | log2(ratio) | [-4, 4] | samples/s / its value `window` intervals ago |
-| 25 | global.comm_fraction | fraction | [0, 1] | exposed all-reduce / mean live iteration time |
-| 26 | global.mean_idle_fraction | fraction | [0, 1] | idle fraction averaged over live workers |
-| 27 | global.reconfig_fraction | fraction | [0, 1] | batch-change (reconfiguration) time / interval wall time |
-| 28 | global.live_fraction | fraction | [0, 1] | live workers / workers |
+Per-worker observation: ``self.*`` then ``global.*`` (:data:`OBS_SCHEMA_V2`).
+Its table, generated from the features at import (the docs' observation reference shows it too):
 
 A dead worker (``alive`` false) reads 0 for compute share, idle fraction and CPU change, and the
 lowest value of speed ratio and trend, network share and the three gradient-norm features; means
@@ -68,7 +37,7 @@ from collections import deque
 
 import numpy as np
 
-from dynamix_gym.obs.base import EncoderBase, Feature, ObservationSchema
+from dynamix_gym.obs.base import EncoderBase, Feature, ObservationSchema, with_table
 from dynamix_gym.stats import MAX_NOISE_SCALE
 from sim.network import TCP_MSS_BYTES
 from sim.protocol import BackendSpec, IntervalReport
@@ -169,6 +138,7 @@ GLOBAL_FEATURES_V2: tuple[Feature, ...] = (
 )
 
 OBS_SCHEMA_V2 = ObservationSchema(SCHEMA_VERSION_V2, WORKER_FEATURES_V2, GLOBAL_FEATURES_V2)
+__doc__ = with_table(__doc__, OBS_SCHEMA_V2)
 
 _FW, _FG = len(WORKER_FEATURES_V2), len(GLOBAL_FEATURES_V2)
 _W = {f.name: i for i, f in enumerate(WORKER_FEATURES_V2)}

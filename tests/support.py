@@ -8,6 +8,7 @@ on pytest's pythonpath):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -23,6 +24,16 @@ CONF = ROOT / "conf"
 HEADLINE_BUNDLE = ROOT / "results" / "headline" / "policy"
 #: The universal bundle (observation schema 3, masked multiplicative steps; shipped).
 UNIVERSAL_BUNDLE = ROOT / "results" / "policies" / "universal"
+
+
+def docs_reference():
+    """``docs/hooks/docs_reference.py``, the module ``make docs`` writes the reference pages with."""
+    spec = importlib.util.spec_from_file_location(
+        "docs_reference", ROOT / "docs" / "hooks" / "docs_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_python(

@@ -5,27 +5,17 @@ code's: every action mode with the space an env of that mode has, every constant
 from __future__ import annotations
 
 import ast
-import importlib.util
 
 import gymnasium as gym
-from support import ROOT
+from support import docs_reference
 
 from dynamix_gym import actions
 from dynamix_gym.envs.elastic_cluster import ElasticClusterEnv
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 
 
-def _docs_reference():
-    spec = importlib.util.spec_from_file_location(
-        "docs_reference", ROOT / "docs" / "hooks" / "docs_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_action_mode_is_listed_with_its_envs_space():
-    page = _docs_reference().action_page()
+    page = docs_reference().action_page()
     for mode in actions.ACTION_MODES:
         env = gym.make("dynamix/HeteroCluster-v0", workers=4, action_mode=mode)
         assert f"| `{mode}` | `{env.action_space}` |" in page
@@ -33,7 +23,7 @@ def test_every_action_mode_is_listed_with_its_envs_space():
 
 
 def test_every_constant_of_the_actions_module_is_listed_with_its_value():
-    page = _docs_reference().action_page()
+    page = docs_reference().action_page()
     constants = [name for name in vars(actions) if name.isupper()]
     assert len(constants) >= 8
     for name in constants:
@@ -42,7 +32,7 @@ def test_every_constant_of_the_actions_module_is_listed_with_its_value():
 
 
 def test_the_envs_action_sections_are_their_docstrings():
-    ref = _docs_reference()
+    ref = docs_reference()
     page = ref.action_page()
     for env in (HeteroClusterEnv, ElasticClusterEnv):
         section = ref.docstring_section(env.__doc__, "Action Space")

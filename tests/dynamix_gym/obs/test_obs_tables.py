@@ -3,11 +3,10 @@ schema module's) are the schemas' own (:meth:`ObservationSchema.as_table`), not 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 
 import pytest
-from support import ROOT
+from support import ROOT, docs_reference
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.obs import ENCODERS, OBS_SCHEMA, v1, v2, v3
@@ -28,18 +27,8 @@ def _tables(text: str) -> list[str]:
     return out
 
 
-def _docs_reference():
-    """``docs/hooks/docs_reference.py``, the module ``make docs`` writes the reference pages with."""
-    spec = importlib.util.spec_from_file_location(
-        "docs_reference", ROOT / "docs" / "hooks" / "docs_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_docs_observation_reference_is_every_registered_schemas_table():
-    page = _docs_reference().observation_page()
+    page = docs_reference().observation_page()
     assert _tables(page) == [cls.schema.as_table() for cls in ENCODERS.values()]
 
 

@@ -52,12 +52,12 @@ def reference_two_batch(report) -> tuple[float, float] | None:
     return ym - sxy / sxx * xm, sxy / sxx
 
 
-class ReferenceEncoder:
-    def __init__(self, spec, window: int = 4, smoothing: float = 0.2) -> None:
-        self.spec, self.window, self.smoothing = spec, window, smoothing
+class ReferenceNoise:
+    """The smoothed two-batch noise-scale estimate, as the schemas' reference encoders read it."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
         self.g2 = self.sigma = None
-        self.batch_acc: list[np.ndarray] = []
-        self.val_acc: list[float] = []
 
     def noise_scale(self) -> float | None:
         if self.g2 is None:
@@ -68,8 +68,7 @@ class ReferenceEncoder:
             return MAX_NOISE_SCALE
         return self.sigma / self.g2
 
-    def update(self, r) -> tuple[np.ndarray, np.ndarray]:
-        spec = self.spec
+    def absorb(self, r) -> None:
         est = reference_two_batch(r)
         if est is not None:
             if self.g2 is None:
@@ -77,6 +76,18 @@ class ReferenceEncoder:
             else:
                 self.g2 += self.smoothing * (est[0] - self.g2)
                 self.sigma += self.smoothing * (est[1] - self.sigma)
+
+
+class ReferenceEncoder(ReferenceNoise):
+    def __init__(self, spec, window: int = 4, smoothing: float = 0.2) -> None:
+        super().__init__(smoothing)
+        self.spec, self.window = spec, window
+        self.batch_acc: list[np.ndarray] = []
+        self.val_acc: list[float] = []
+
+    def update(self, r) -> tuple[np.ndarray, np.ndarray]:
+        spec = self.spec
+        self.absorb(r)
         self.batch_acc = [*self.batch_acc, np.array(r.batch_accuracy)][-(self.window + 1) :]
         self.val_acc = [*self.val_acc, float(r.val_accuracy)][-(self.window + 1) :]
         n = r.local_batch.size

@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from support import HEADLINE_BUNDLE
-from test_obs_v1_reference import _mean, _norm, reference_two_batch  # the schema-1 reference's helpers
+from test_obs_v1_reference import ReferenceNoise, _mean, _norm  # the schema-1 reference's helpers
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
 from dynamix_gym.controllers.bundle import (
@@ -36,12 +36,12 @@ W_FEATURES, G_FEATURES = OBS_SCHEMA_V2.worker_features, OBS_SCHEMA_V2.global_fea
 MSS = 1448
 
 
-class ReferenceV2:
+class ReferenceV2(ReferenceNoise):
     """Schema 2 one worker at a time in plain Python, straight from the schema's table."""
 
     def __init__(self, spec, window: int = 4, smoothing: float = 0.2) -> None:
-        self.spec, self.window, self.smoothing = spec, window, smoothing
-        self.g2 = self.sigma = None
+        super().__init__(smoothing)
+        self.spec, self.window = spec, window
         self.val_q: list[float] = []
         self.tput: list[float] = []
         n = spec.num_workers
@@ -50,24 +50,9 @@ class ReferenceV2:
         self.g0: list[float | None] = [None] * n
         self.q0 = self.loss0 = self.interval0 = self.it0 = self.tput0 = self.bn0 = None
 
-    def noise_scale(self) -> float | None:
-        if self.g2 is None:
-            return None
-        if self.sigma <= 0:
-            return 1.0
-        if self.g2 <= self.sigma / MAX_NOISE_SCALE:
-            return MAX_NOISE_SCALE
-        return self.sigma / self.g2
-
     def update(self, r) -> tuple[np.ndarray, np.ndarray]:
         spec, n = self.spec, self.spec.num_workers
-        est = reference_two_batch(r)
-        if est is not None:
-            if self.g2 is None:
-                self.g2, self.sigma = est
-            else:
-                self.g2 += self.smoothing * (est[0] - self.g2)
-                self.sigma += self.smoothing * (est[1] - self.sigma)
+        self.absorb(r)
         live = [i for i in range(n) if r.alive[i]]
         interval = max(r.interval_time_s, 1e-9)
         b = [float(v) for v in r.local_batch]

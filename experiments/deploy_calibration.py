@@ -32,15 +32,16 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import to_absolute_path
 from tqdm.auto import tqdm
 
+from dynamix_gym.configs import settings
 from experiments.calibration.fit import refit_compute_knee
-from experiments.common import REPO_ROOT, atomic_write_text, plain, shown
+from experiments.common import REPO_ROOT, atomic_write_text, shown
 from experiments.reports.markdown import table
 from sim.datafiles import dump_json
 from sim.fitting.step_time import step_time_drift
@@ -97,14 +98,7 @@ class QuickCalibration:
     @classmethod
     def from_config(cls, node: Any) -> QuickCalibration:
         """From the ``calibrate`` config node (``None``: the defaults, calibration off)."""
-        values = dict(plain(node) or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"calibrate.{unknown[0]} is not a setting; calibrate takes {known}")
-        if "batches" in values:
-            values["batches"] = tuple(values["batches"] or ())
-        return cls(**values)
+        return settings(cls, node, "calibrate", sequences=("batches",))
 
 
 def _number(name: str, value: Any, low: float, high: float, unit: str) -> None:

@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from dynamix_gym.benchmark.scoring import run_score_s
+from dynamix_gym.configs import settings
 from dynamix_gym.controllers.base import env_options
 from dynamix_gym.controllers.bundle import PPOController, load_bundle
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from dynamix_gym.learning.training import FINETUNE_PPO_KEYS, TrainConfig, train
-from experiments.common import atomic_write_text, plain, shown
+from experiments.common import atomic_write_text, shown
 from sim.datafiles import dump_json
 from sim.profile import load_profile
 
@@ -72,14 +73,7 @@ class Finetuning:
 
     @classmethod
     def from_config(cls, node: Any) -> Finetuning:
-        values = dict(plain(node) or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"finetuning.{unknown[0]} is not a setting; finetuning takes {known}")
-        if "seeds" in values:
-            values["seeds"] = tuple(values["seeds"] or ())
-        return cls(**values)
+        return settings(cls, node, "finetuning", sequences=("seeds",))
 
 
 def check_finetune(controller: Any, calibrating: bool) -> PPOController:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import hydra
 import numpy as np
@@ -26,6 +27,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 
 from experiments.common import atomic_write_text
+from experiments.reports.markdown import table
 from sim.datafiles import dump_json
 from sim.instability import INSTABILITY_FILE, InstabilityParams, instability_doc
 
@@ -79,18 +81,22 @@ def report(
         "",
         f"Held-out log loss (folds of seeds): model {cv[0]:.3f}, constant rate {cv[1]:.3f}.",
         "",
-        "| rule | ramp | point | jump | g (median) | runs | collapses | measured [95% CI] | predicted | diverged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    header = ["rule", "ramp", "point", "jump", "g (median)", "runs", "collapses", "measured [95% CI]"]
+    return "\n".join(lines + table([*header, "predicted", "diverged"], _cells(runs))) + "\n"
+
+
+def _cells(runs: pd.DataFrame) -> list[list[Any]]:
+    """One row per campaign cell: the measured collapse rate with its exact interval, the predicted."""
+    out = []
     for (rule, ramp, point, jump), g in runs.groupby(["rule", "ramp", "point", "jump"]):
         k, n = int(g.collapsed.sum()), len(g)
         ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
         gain = float(np.median(g.lr_after / g.lr_before))
-        lines.append(
-            f"| {rule} | {ramp} | {point} | {jump} | {gain:.2f} | {n} | {k} | {k / n:.2f} [{ci.low:.2f}, "
-            f"{ci.high:.2f}] | {g.predicted.mean():.2f} | {int(g.diverged.sum())} |"
-        )
-    return "\n".join(lines) + "\n"
+        measured = f"{k / n:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+        out.append([rule, ramp, point, jump, f"{gain:.2f}", n, k, measured, f"{g.predicted.mean():.2f}"])
+        out[-1].append(int(g.diverged.sum()))
+    return out
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit_instability")

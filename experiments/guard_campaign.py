@@ -34,6 +34,7 @@ from adapters.ddp_backend import DDPBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import run_episode
 from experiments.common import atomic_write_text, plain
+from experiments.reports.markdown import table
 from sim.guards import TrainingDiverged
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,18 @@ def report(runs: pd.DataFrame, cfg: DictConfig) -> str:
         f"guards on. A run collapsed when it ended short of the target {cfg.collapse_drop} below its best "
         "quality, or its loss went non-finite with nothing to roll back to.",
         "",
-        "| job | mode | runs | collapsed | reached | time to target, s (median [95% CI]) | rollbacks | "
-        "time lost, s | watchdog: missed / false alarms / delay (intervals) |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    header = [
+        "job",
+        "mode",
+        "runs",
+        "collapsed",
+        "reached",
+        "time to target, s (median [95% CI])",
+        "rollbacks",
+    ]
+    header += ["time lost, s", "watchdog: missed / false alarms / delay (intervals)"]
+    rows = []
     for (job, mode), g in runs.groupby(["job", "mode"], sort=False):
         watch = ""
         if mode == "watch":
@@ -124,12 +133,10 @@ def report(runs: pd.DataFrame, cfg: DictConfig) -> str:
             delays = (col.first_firing - col.first_collapse).dropna()
             delay = f"{delays.median():.0f} (max {delays.max():.0f})" if len(delays) else "-"
             watch = f"{missed} / {false} / {delay}"
-        lines.append(
-            f"| {job} | {mode} | {len(g)} | {int(g.collapsed.sum())} | {int(g.reached.sum())} | "
-            f"{median_ci(g.time_to_target_s.to_numpy())} | {int(g.guard_rollbacks.sum())} | "
-            f"{g.guard_time_lost_s.sum():.1f} | {watch} |"
-        )
-    return "\n".join(lines) + "\n"
+        tta = median_ci(g.time_to_target_s.to_numpy())
+        counts = [len(g), int(g.collapsed.sum()), int(g.reached.sum()), tta, int(g.guard_rollbacks.sum())]
+        rows.append([job, mode, *counts, f"{g.guard_time_lost_s.sum():.1f}", watch])
+    return "\n".join(lines + table(header, rows)) + "\n"
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="guard_campaign")

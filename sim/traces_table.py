@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.fitting.convergence import AppSpec, Trace
+from sim.fitting.convergence import AppSpec, Trace, common_epochs
 from sim.workloads import Workload
 
 #: Columns a traces table must have (``app`` and ``model`` are optional).
@@ -160,9 +160,7 @@ def read_traces(path: str | Path, workload: Workload) -> list[Trace]:
                 grad_var=values["grad_var"][idx],
             )
         )
-    common = set(traces[0].epoch.tolist())
-    for t in traces[1:]:
-        common &= set(t.epoch.tolist())
+    common = common_epochs(traces)
     if len(common) < 2:
         raise ValueError(
             f"epoch in {name}: the runs at global batches {distinct} share {len(common)} epoch number(s); "

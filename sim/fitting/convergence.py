@@ -102,6 +102,11 @@ class Trace:
     grad_var: np.ndarray
 
 
+def common_epochs(traces: Sequence[Trace]) -> set[int]:
+    """The epoch numbers every one of ``traces`` measured (the fits compare runs epoch by epoch)."""
+    return set.intersection(*(set(t.epoch.tolist()) for t in traces))
+
+
 def load_traces(path: str | Path | None = None) -> dict[str, list[Trace]]:
     """All traces by application, each list sorted by global batch."""
     rows: dict[tuple[str, int], list[dict[str, str]]] = {}
@@ -216,9 +221,7 @@ def _check_grad_rows(traces: Sequence[Trace], kept: Sequence[Trace], left_out: t
             f"grad_sqr: every row of the runs at global batches {batches} is 0 (clipped estimates); "
             "the noise scale M0 grad_var / grad_sqr cannot be fitted without a positive one"
         )
-    common = set(kept[0].epoch.tolist())
-    for t in kept[1:]:
-        common &= set(t.epoch.tolist())
+    common = common_epochs(kept)
     if len(common) < 2:
         raise ValueError(
             f"grad_sqr: the runs at global batches {[t.global_batch for t in kept]} share "

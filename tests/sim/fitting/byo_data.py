@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from support import ROOT
 
 M0 = 32
 BATCHES = (32, 64, 128, 256)
@@ -116,3 +119,13 @@ def clipped_traces_table(seed: int = 11) -> pd.DataFrame:
                 "grad_sqr": max(sqr_est, 0.0), "grad_var": max(var, 1e-6),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def calibrate_config(inputs: dict[str, Path], out: Path, traces: bool = True) -> DictConfig:
+    """``experiments.calibrate``'s config for the files of :func:`write_inputs` (without the traces:
+    the shipped convergence model of the workload's name)."""
+    overrides = [f"table={inputs['table']}", f"workload_file={inputs['workload']}", f"out_dir={out}"]
+    if traces:
+        overrides.append(f"traces={inputs['traces']}")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("calibrate", overrides=overrides)

@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from byo_data import write_inputs
-from hydra import compose, initialize_config_dir
+from byo_data import calibrate_config, write_inputs
 from support import ROOT
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
@@ -191,12 +190,7 @@ def test_bad_tables_name_file_column_and_row_and_leave_nothing(tmp_path, which, 
     edit = _edit_traces if which == "traces" else _edit_table
     edit(pd.read_csv(path, dtype={"placement": str}), case).to_csv(path, index=False)
     out = tmp_path / "result" / "profile"
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose(
-            "calibrate",
-            overrides=[f"table={inputs['table']}", f"traces={inputs['traces']}",
-                       f"workload_file={inputs['workload']}", f"out_dir={out}"],
-        )  # fmt: skip
+    cfg = calibrate_config(inputs, out)
     with pytest.raises(ValueError, match=message):
         calibrate(cfg)
     assert not out.exists()
@@ -207,9 +201,7 @@ def test_a_target_outside_the_metric_range_is_refused(tmp_path):
     inputs = write_inputs(tmp_path / "in")
     text = inputs["workload"].read_text().replace("target_accuracy: 15.0", "target_accuracy: 150.0")
     inputs["workload"].write_text(text)
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("calibrate", overrides=[f"table={inputs['table']}", f"workload_file={inputs['workload']}",
-                                              f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    cfg = calibrate_config(inputs, tmp_path / "out", traces=False)
     with pytest.raises(
         ValueError, match=r"target_accuracy \(wer, higher is worse\) must be in \[0, 100\), got 150\.0"
     ):
@@ -241,9 +233,7 @@ def test_bert_preset_and_reference_traces_refit_the_shipped_bert_model():
 
 def test_without_traces_a_new_workload_must_name_a_shipped_convergence_model(tmp_path):
     inputs = write_inputs(tmp_path / "in")
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("calibrate", overrides=[f"table={inputs['table']}", f"workload_file={inputs['workload']}",
-                                              f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    cfg = calibrate_config(inputs, tmp_path / "out", traces=False)
     with pytest.raises(ValueError, match=r"convergence model 'asr_byo' is not shipped .*give traces=<csv>"):
         calibrate(cfg)
     assert not (tmp_path / "out").exists()

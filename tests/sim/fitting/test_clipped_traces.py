@@ -11,9 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from byo_data import M0, WORKLOAD_YAML, clipped_traces_table, write_inputs
-from hydra import compose, initialize_config_dir
-from support import ROOT
+from byo_data import M0, WORKLOAD_YAML, calibrate_config, clipped_traces_table, write_inputs
 
 from experiments.calibrate import calibrate
 from sim.fitting.convergence import epoch_bins, fit_app, fit_grad_stats
@@ -110,12 +108,7 @@ def test_the_calibration_report_lists_the_rows_left_out(tmp_path):
     df = clipped_traces_table()
     df.to_csv(inputs["traces"], index=False)
     out = tmp_path / "profile"
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose(
-            "calibrate",
-            overrides=[f"table={inputs['table']}", f"traces={inputs['traces']}",
-                       f"workload_file={inputs['workload']}", f"out_dir={out}"],
-        )  # fmt: skip
+    cfg = calibrate_config(inputs, out)
     calibrate(cfg)
     report = json.loads((out / "calibration.json").read_text())
     rows = report["convergence_traces"]["grad_sqr_zero_rows_left_out"]

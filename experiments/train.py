@@ -38,12 +38,9 @@ from dynamix_gym.benchmark.suite import validation_tasks
 from dynamix_gym.learning.config import TrainConfig
 from dynamix_gym.learning.training import train
 from experiments.common import atomic_write_text
+from experiments.train_schema import APP_KEYS
 
 log = logging.getLogger(__name__)
-
-#: Keys of conf/train.yaml that are the app's: its run name, the reward group (which goes into
-#: ``env.reward``), the benchmark tasks validation runs on (-> ``eval_tasks``), an elastic learner.
-APP_KEYS = ("task_name", "reward", "eval_benchmark_tasks", "elastic")
 
 
 def train_config(raw: dict[str, Any]) -> TrainConfig:

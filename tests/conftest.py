@@ -10,6 +10,8 @@ import pytest
 import torch
 from support import HEADLINE_BUNDLE
 
+import experiments.train_schema  # noqa: F401  (conf/train.yaml's schema, for in-process compose)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

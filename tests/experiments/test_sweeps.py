@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 
 import pytest
@@ -103,7 +104,6 @@ def test_every_train_preset_is_a_train_config(preset):
     [
         ("+total_timestep=5", r"train\.total_timestep"),
         ("+expert_pretrain.episods=5", r"expert_pretrain\.episods"),
-        ("seed=zero", r"train\.seed"),
         ("+ppo.n_step=64", r"ppo\.n_step is not a keyword of PPO"),
         ("+domain.scenarioz=[throttle]", r"domain\.scenarioz"),
         ("+env.intervall=5", r"env\.intervall is not a keyword of HeteroClusterEnv"),
@@ -116,6 +116,23 @@ def test_a_misspelt_train_key_is_an_error_naming_it(override, match):
     raw = _composed_train("experiment=train_quick", override)
     with pytest.raises(ValueError, match=match):
         check_train_config(train_config(raw))
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("seed=zero", r"'zero' of type 'str' could not be converted to Integer"),
+        ("total_timestep=5", "total_timestep"),
+    ],
+)
+def test_train_schema_refuses_a_wrong_value_or_key_when_composing(override, match):
+    """conf/train.yaml's schema (experiments/train_schema.py): a setting of the wrong type, or a key
+    that is not one given without ``+``, fails composition naming it, before anything runs."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        _composed_train(override)
+    assert re.search(match, str(err.value) + str(err.value.__cause__))
 
 
 @pytest.mark.integration

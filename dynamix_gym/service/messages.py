@@ -5,39 +5,9 @@ checked field by field (finite, within the range below, one entry per registered
 they reach the encoder, the policy or the learner's log. A violation raises :class:`FieldError`,
 which names the field and the allowed range; the server turns it into ``INVALID_ARGUMENT``.
 
-Ranges of a report's fields (every value must be finite), generated from
-:class:`~sim.protocol.IntervalReport`'s field metadata by :func:`range_table`:
-
-| field | per worker | allowed |
-|---|---|---|
-| local_batch | yes | [min_batch_i, max_batch_i] of the registered spec |
-| alive | yes | true / false |
-| iteration_time_s | yes | [0, 10000] |
-| compute_time_s | yes | [0, 10000] |
-| idle_time_s | yes | [0, 10000] |
-| samples_per_s | yes | [0, 1e+09] |
-| net_bytes_per_s | yes | [0, 1e+12] |
-| tcp_retransmissions | yes | [0, 1e+09] |
-| cpu_util | yes | [0, 1] |
-| mem_util | yes | [0, 1] |
-| gpu_util | yes | [0, 1] |
-| gpu_mem_util | yes | [0, 1] |
-| batch_accuracy | yes | [0, 1] |
-| batch_loss | yes | [0, 1e+06] |
-| grad_norm_mean | yes | [0, 1e+12] |
-| grad_norm_var | yes | [0, 1e+24] |
-| local_grad_sqr | yes | [0, 1e+24] |
-| iterations | no | [1, 1e+06] (integer) |
-| interval_time_s | no | [0, 1e+07] |
-| wall_time_s | no | [0, 1e+09] |
-| reconfig_time_s | no | [0, 1e+06] |
-| comm_time_s | no | [0, 10000] |
-| global_batch | no | [0, 1.07374e+09] (integer) |
-| global_grad_sqr | no | [0, 1e+24] |
-| val_accuracy | no | [0, 1] |
-| val_loss | no | [0, 1e+06] |
-| samples | no | [0, 1e+15] (integer) |
-| epoch | no | [0, 1e+06] |
+Ranges of a report's fields (every value must be finite): the table :func:`range_table` makes
+from :class:`~sim.protocol.IntervalReport`'s field metadata, put here at import (``help()`` shows
+it; no copy is kept by hand).
 """
 
 from __future__ import annotations
@@ -89,6 +59,10 @@ def range_table() -> str:
             allowed = f"[{low:g}, {high:g}]" + (" (integer)" if name in _INT_SCALARS else "")
         lines.append(f"| {name} | {'yes' if name in WORKER_FIELDS else 'no'} | {allowed} |")
     return "\n".join(lines)
+
+
+if __doc__ is not None:  # python -OO strips docstrings
+    __doc__ += "\n" + range_table() + "\n"
 
 
 class FieldError(ValueError):

@@ -173,19 +173,28 @@ def reference_reward(cfg: RewardConfig, r, prev: float | None, reached: bool) ->
 
 def _reports(workers: int, scenario: str, seed: int, steps: int):
     """Reports from a random rollout, plus copies with workers marked dead (and all dead)."""
-    env = HeteroClusterEnv(workers=workers, scenario=scenario, max_decisions=None)
+    yield from rollout_reports(
+        HeteroClusterEnv(workers=workers, scenario=scenario, max_decisions=None), seed, steps
+    )
+
+
+def rollout_reports(env: HeteroClusterEnv, seed: int, steps: int, seed_actions: bool = False):
+    """Reports of a random rollout of ``env``, plus copies with workers marked dead (and all dead);
+    ``seed_actions``: the action space's sampler seeded too."""
     env.reset(seed=seed)
+    if seed_actions:
+        env.action_space.seed(seed)
     rng = np.random.default_rng(seed)
+    n = env.num_workers
     yield env.last_report
     for _ in range(steps):
         _, _, terminated, truncated, info = env.step(env.action_space.sample())
         report = info["report"]
         yield report
         if rng.random() < 0.3:
-            alive = report.alive & (rng.random(workers) < 0.6)
-            yield dataclasses.replace(report, alive=alive)
+            yield dataclasses.replace(report, alive=report.alive & (rng.random(n) < 0.6))
         if rng.random() < 0.05:
-            yield dataclasses.replace(report, alive=np.zeros(workers, dtype=bool))
+            yield dataclasses.replace(report, alive=np.zeros(n, dtype=bool))
         if terminated or truncated:
             env.reset(seed=seed + 1)
     env.close()

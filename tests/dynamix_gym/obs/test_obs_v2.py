@@ -15,7 +15,12 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from support import HEADLINE_BUNDLE
-from test_obs_v1_reference import ReferenceNoise, _mean, _norm  # the schema-1 reference's helpers
+from test_obs_v1_reference import (  # the schema-1 reference's helpers
+    ReferenceNoise,
+    _mean,
+    _norm,
+    rollout_reports,
+)
 
 from dynamix_gym import HeteroClusterEnv, PerWorkerEnv
 from dynamix_gym.controllers.bundle import (
@@ -148,21 +153,7 @@ class ReferenceV2(ReferenceNoise):
 
 def _reports(env: HeteroClusterEnv, seed: int, steps: int):
     """Reports of a random rollout, plus copies with workers marked dead (and all dead)."""
-    env.reset(seed=seed)
-    env.action_space.seed(seed)
-    rng = np.random.default_rng(seed)
-    n = env.num_workers
-    yield env.last_report
-    for _ in range(steps):
-        _, _, terminated, truncated, info = env.step(env.action_space.sample())
-        report = info["report"]
-        yield report
-        if rng.random() < 0.3:
-            yield dataclasses.replace(report, alive=report.alive & (rng.random(n) < 0.6))
-        if rng.random() < 0.05:
-            yield dataclasses.replace(report, alive=np.zeros(n, dtype=bool))
-        if terminated or truncated:
-            env.reset(seed=seed + 1)
+    return rollout_reports(env, seed, steps, seed_actions=True)
 
 
 @pytest.mark.parametrize(

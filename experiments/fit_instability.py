@@ -61,6 +61,12 @@ def held_out_log_loss(runs: pd.DataFrame, folds: int) -> tuple[float, float]:
     )
 
 
+def _drop(runs: pd.DataFrame) -> str:
+    """The campaign's collapse threshold, as its runs recorded it (0.3 before they did)."""
+    drops = runs["collapse_drop"].dropna().unique() if "collapse_drop" in runs else []
+    return "/".join(f"{d:g}" for d in sorted(drops)) or "0.3"
+
+
 def report(
     runs: pd.DataFrame, params: InstabilityParams, model: LogisticRegression, cv: tuple[float, float], cfg
 ) -> str:
@@ -72,7 +78,7 @@ def report(
         f"`python -m experiments.fit_instability task={cfg.task}`. {len(runs)} real runs on 2 CPU ranks "
         f"(seeds {sorted(runs.seed.unique().tolist())}): train at the base batch, then jump the global batch x2/x4/x8 "
         "early or late, by rule, with the guards' ramp (20 iterations) or without; the watchdog out of reach. A "
-        "collapse: quality 0.3 below its value before the jump, or a non-finite loss.",
+        f"collapse: quality {_drop(runs)} below its value before the jump, or a non-finite loss.",
         "",
         "Fitted (`sim.instability`, written to `instability.json`):",
         "",

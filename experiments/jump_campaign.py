@@ -6,7 +6,7 @@ the learning rate), early or late in training, with the guards' learning-rate ra
 
 Each run trains ``points[point]`` intervals at the base batch, then ``post`` intervals at ``jump``
 times that global batch. The watchdog is off (its thresholds out of reach): every collapse runs its
-course and is measured. A *collapse*: the validation quality falls ``collapse_drop`` below its value
+course and is measured. A *collapse*: the validation quality falls ``collapse_drop`` (the task's, if it sets one) below its value
 before the jump, or the loss goes non-finite. One row per run in ``runs.csv`` (resumable: runs
 already there are skipped): the learning rate before and after, the lowest and last quality after
 the jump, the depth. ``python -m experiments.fit_instability`` fits the simulator's term to it.
@@ -67,6 +67,7 @@ def run_one(
             lrs.append(max(backend.last_replies[0]["lr"], 0.0))
     except TrainingDiverged:  # non-finite before any snapshot: nothing to roll back to
         diverged = True
+    drop = float(plain(cfg.tasks[cfg.task]).get("collapse_drop", cfg.collapse_drop))
     before = qualities[pre - 1] if len(qualities) >= pre else math.nan
     after = qualities[pre:]
     low = min(after) if after else math.nan
@@ -77,7 +78,8 @@ def run_one(
         "final": qualities[-1] if not diverged else math.nan,
         "depth": depth,
         "diverged": diverged,
-        "collapsed": diverged or depth >= float(cfg.collapse_drop),
+        "collapsed": diverged or depth >= drop,
+        "collapse_drop": drop,
         "lr_before": lrs[pre - 1] if len(lrs) >= pre else math.nan,
         "lr_after": max([jump_lr, *lrs[pre:]]) if len(qualities) >= pre else math.nan,
         "intervals_after": len(after),

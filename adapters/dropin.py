@@ -9,10 +9,6 @@ needed here, so the decision is tested against the env's and the service's on th
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from dynamix_gym.actions import ActionRule
@@ -28,49 +24,17 @@ class DropInDecider:
 
     Args:
         spec: the job's spec (ranks, batch ranges, target, time budget).
-        interval: K, iterations per decision (the arbitrator's registration).
         guard: the job's guards (:class:`sim.guards.Guard`); its fallback decides while it holds control.
-        policy: a controller object, a baseline name or a PPO bundle path.
-        arbitrator: ``host:port`` of an arbitrator service to ask instead (see
-            :class:`adapters.torchrun.DynamixController`); ``token``, ``token_file`` and
-            ``arbitrator_kwargs`` go to its client.
-        policy_kwargs: arguments of the baseline named by ``policy``.
+        policy: the controller that decides (a baseline, a PPO bundle's, the arbitrator's client).
         seed: seeds the policy's and the fallback's generators.
     """
 
-    def __init__(
-        self,
-        spec: BackendSpec,
-        interval: int,
-        guard: Guard,
-        policy: Controller | str | Path | None = None,
-        *,
-        arbitrator: str | None = None,
-        token: str | None = None,
-        token_file: str | None = None,
-        arbitrator_kwargs: dict[str, Any] | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        seed: int = 0,
-    ) -> None:
-        self.spec, self.guard = spec, guard
-        if arbitrator:
-            from dynamix_gym.service.client import RemoteController
-
-            kw = {"job_id": f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"}
-            kw.update(arbitrator_kwargs or {})
-            self.policy: Controller = RemoteController(
-                arbitrator, interval=interval, token=token, token_file=token_file, **kw
-            )
-        elif policy is None:
-            raise ValueError("DynamixController needs policy=<controller, name or bundle> or arbitrator=")
-        else:
-            self.policy = (
-                make_controller(policy, **(policy_kwargs or {})) if isinstance(policy, str | Path) else policy
-            )
+    def __init__(self, spec: BackendSpec, guard: Guard, policy: Controller, seed: int = 0) -> None:
+        self.spec, self.guard, self.policy = spec, guard, policy
         # what the policy's env would be built with: a bundle's schema, steps and split (else the env's
         # defaults: schema 1, the mode's default steps, the policy's own split)
-        self.step = DecisionStep.for_options(spec, self.policy.action_mode, env_options(self.policy))
-        self.policy.reset(spec, np.random.default_rng(seed))
+        self.step = DecisionStep.for_options(spec, policy.action_mode, env_options(policy))
+        policy.reset(spec, np.random.default_rng(seed))
         self.fallback: Controller | None = None
         if guard.config.acts and guard.config.fallback != "hold":
             self.fallback = make_controller(guard.config.fallback)

@@ -47,6 +47,7 @@ from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
 from adapters.snapshot import StateSnapshot
 from dynamix_gym.controllers.base import Controller
+from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport
@@ -217,18 +218,23 @@ class DynamixController:
         #: rank 0: the policy, the guards' fallback and the env's decision step (adapters.dropin)
         self.decider: DropInDecider | None = None
         if self.rank == 0:
-            self.decider = DropInDecider(
-                self.spec,
-                self.interval,
-                self.guard,
-                policy,
-                arbitrator=arbitrator,
-                token=token,
-                token_file=token_file,
-                arbitrator_kwargs=arbitrator_kwargs,
-                policy_kwargs=policy_kwargs,
-                seed=seed,
-            )
+            if arbitrator:
+                from dynamix_gym.service.client import RemoteController
+
+                kw = {"job_id": f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"}
+                kw.update(arbitrator_kwargs or {})
+                chosen: Controller = RemoteController(
+                    arbitrator, interval=self.interval, token=token, token_file=token_file, **kw
+                )
+            elif policy is None:
+                raise ValueError("DynamixController needs policy=<controller, name or bundle> or arbitrator=")
+            else:
+                chosen = (
+                    make_controller(policy, **(policy_kwargs or {}))
+                    if isinstance(policy, str | Path)
+                    else policy
+                )
+            self.decider = DropInDecider(self.spec, self.guard, chosen, seed)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
         self.local_world = local_world

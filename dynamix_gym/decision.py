@@ -27,7 +27,7 @@ the service): one pass through the SB3 actor-critic, masked, deterministic or sa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,33 +100,20 @@ class DecisionStep:
         self.reset()
 
     @classmethod
-    def build(
-        cls,
-        spec: BackendSpec,
-        action_mode: str,
-        *,
-        action_set: Sequence[float] | None = None,
-        split: str = "policy",
-        split_tolerance: float = DEFAULT_SPLIT_TOLERANCE,
-        obs_schema: int | str = DEFAULT_SCHEMA_VERSION,
-        window: int = 4,
-        reward: RewardConfig | None = None,
-        time_budget_s: float | None = None,
-        max_decisions: int | None = None,
-    ) -> DecisionStep:
-        """A step from the settings an env is built with (each checked, a ``ValueError`` naming it)."""
-        rule = ActionRule.for_spec(action_mode, spec, action_set, split, split_tolerance)
-        encoder = make_encoder(obs_schema, spec, window=window)
-        return cls(spec, rule, encoder, reward, time_budget_s, max_decisions)
-
-    @classmethod
     def for_options(
         cls, spec: BackendSpec, action_mode: str, options: dict[str, Any], **kwargs: Any
     ) -> DecisionStep:
         """A step for a controller's env options (:func:`~dynamix_gym.controllers.base.env_options`:
-        a bundle's schema, steps and split; else the env's defaults)."""
-        known = ("obs_schema", "action_set", "split", "split_tolerance")
-        return cls.build(spec, action_mode, **{k: options[k] for k in known if k in options}, **kwargs)
+        a bundle's schema, steps and split; else the env's defaults); ``kwargs`` go to the step."""
+        rule = ActionRule.for_spec(
+            action_mode,
+            spec,
+            options.get("action_set"),
+            options.get("split", "policy"),
+            options.get("split_tolerance", DEFAULT_SPLIT_TOLERANCE),
+        )
+        encoder = make_encoder(options.get("obs_schema", DEFAULT_SCHEMA_VERSION), spec)
+        return cls(spec, rule, encoder, **kwargs)
 
     def reset(self) -> None:
         """A fresh episode: no history, no report, no pause measured, no decision made."""

@@ -200,19 +200,11 @@ class HeteroClusterEnv(gym.Env):
         self.backend = backend
         self.interval = int(interval)
         #: the one decision step (dynamix_gym.decision): encoder, action rule and split, end, reward
-        self.decision = DecisionStep.build(
-            backend.spec,
-            action_mode,
-            action_set=action_set,
-            split=split,
-            split_tolerance=split_tolerance,
-            obs_schema=self.obs_schema.version,
-            window=window,
-            reward=RewardConfig.from_any(reward),
-            time_budget_s=time_budget_s,
-            max_decisions=max_decisions,
+        rule = ActionRule.for_spec(action_mode, backend.spec, action_set, split, split_tolerance)
+        encoder = make_encoder(self.obs_schema.version, backend.spec, window=window)
+        self.decision = DecisionStep(
+            backend.spec, rule, encoder, RewardConfig.from_any(reward), time_budget_s, max_decisions
         )
-        rule = self.decision.rule
         self.action_mode, self.action_set = rule.mode, rule.steps
         self.split, self.split_tolerance = rule.split, rule.split_tolerance
         n = backend.spec.num_workers

@@ -14,6 +14,7 @@ from support import UNIVERSAL_BUNDLE
 
 from adapters.dropin import DropInDecider
 from dynamix_gym.controllers.bundle import PPOController, load_bundle
+from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.service.client import ArbitratorClient
 from sim.guards import Guard
@@ -50,7 +51,7 @@ def episode(universal):
 def _drop_in(policy, env, reports) -> tuple[list[list[int]], Guard]:
     """The drop-in's rank-0 decisions replayed on ``reports`` (its own batches in force)."""
     guard = Guard()  # the drop-in's default guards
-    decider = DropInDecider(env.backend.spec, env.interval, guard, policy)
+    decider = DropInDecider(env.backend.spec, guard, policy)
     batches, out = reports[0].local_batch.astype(np.int64), []
     for i, report in enumerate(reports[:-1]):
         batches, _stop, _verdict = decider.decide(report, batches, i)
@@ -83,7 +84,9 @@ def test_env_service_and_drop_in_decide_the_same_batches(universal, episode, tmp
     changes = sum(a != b for a, b in itertools.pairwise(from_env))
     assert 0 < changes < len(from_env) - 1  # the policy moves the batches, and the split keeps some
     from_service = _served(universal, env, reports, tmp_path / "t.jsonl")
-    from_drop_in, guard = _drop_in(str(UNIVERSAL_BUNDLE), env, reports)
+    from_drop_in, guard = _drop_in(
+        make_controller(str(UNIVERSAL_BUNDLE)), env, reports
+    )  # as the drop-in loads it
     assert not guard.events  # a healthy run: the guards watched and never took control
     assert from_service == from_env
     assert from_drop_in == from_env

@@ -290,6 +290,7 @@ class HeteroClusterEnv(gym.Env):
         if self._episode_over:
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
         move = self.decision.act(action, self.batches)
+        self.batches = move.batches
         report = self.backend.run_interval(move.batches, self.interval)
         # a guarded backend (sim.guards) may have run its fallback's batches instead
         self.batches = self.decision.ran(report, move.batches, getattr(self.backend, "guard", None))

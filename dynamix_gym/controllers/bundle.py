@@ -205,7 +205,8 @@ class PPOController(BaseController):
     Args:
         path: bundle directory (or its ``model.zip``).
         bundle: an already loaded bundle (instead of ``path``).
-        deterministic: take the most likely action (default) rather than sampling.
+        deterministic: take the most likely action (default) rather than sampling one (with the
+            generator :meth:`reset` was given).
         split: run the policy under this split (``"policy"`` or ``"balanced"``, see
             :class:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv`) rather than the one it was
             trained under (``None``, the default: the bundle's); an ablation knob.

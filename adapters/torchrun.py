@@ -21,16 +21,16 @@ times the local compute, takes the local gradient norm, all-reduces the gradient
 (DDP's arithmetic: sum / W) and takes the all-reduced norm; the other iterations run DDP untouched,
 so the controller adds no work to them. Every ``interval`` iterations one
 ``all_gather`` brings the measurements to rank 0, which builds the same
-:class:`~sim.protocol.IntervalReport` the env sees, encodes the same observation, asks the policy (a
-baseline controller or a PPO bundle) and turns its action into local batches exactly as the env
-does (:mod:`dynamix_gym.actions`: same action modes, same clipping). One ``broadcast``
+:class:`~sim.protocol.IntervalReport` the env sees and decides with the env's own decision step
+(:class:`adapters.dropin.DropInDecider` over :class:`dynamix_gym.decision.DecisionStep`: the same
+observation, action modes, clipping, split and end conditions), the policy being a baseline
+controller, a PPO bundle or the arbitrator. One ``broadcast``
 hands every rank the new batches, the scaled learning rate and the stop flag, so every rank
 changes its batch at the same step boundary.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -42,20 +42,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from adapters.dropin import DropInDecider
 from adapters.hostmetrics import HostSnapshot, ProcessMeter
 from adapters.sampling import DynamicBatchSampler, loss_weight
 from adapters.snapshot import StateSnapshot
-from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, ActionRule, observed_reconfig_s
-from dynamix_gym.controllers.base import Controller, env_options
+from dynamix_gym.controllers.base import Controller
 from dynamix_gym.controllers.registry import make_controller
-from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, make_encoder
 from dynamix_gym.stats import NoiseScaleEstimator
 from sim.guards import Guard, GuardConfig, LRRamp
 from sim.protocol import BackendSpec, IntervalReport
 from sim.scaling import lr_gain
 from sim.workloads import ACCURACY, QualityMetric
-
-log = logging.getLogger(__name__)
 
 #: The guards' order to every rank at a decision (sim.guards.Guard.observe): keep, snapshot, roll back.
 _KEEP, _SNAPSHOT, _ROLLBACK = 0.0, 1.0, 2.0
@@ -218,49 +215,32 @@ class DynamixController:
         self.ramp = LRRamp(self.guard.config.ramp_iters())
         self.snapshot = StateSnapshot()  # every rank's last good training state (the guards')
         self._sampler: DynamicBatchSampler | None = None
-        self.fallback: Controller | None = None
-        self.policy: Controller | None = None
-        self.encoder = None  # rank 0: the env's observation encoder (schema 1) for the policy
+        #: rank 0: the policy, the guards' fallback and the env's decision step (adapters.dropin)
+        self.decider: DropInDecider | None = None
         if self.rank == 0:
             if arbitrator:
                 from dynamix_gym.service.client import RemoteController
 
                 kw = {"job_id": f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"}
                 kw.update(arbitrator_kwargs or {})
-                self.policy = RemoteController(
+                chosen: Controller = RemoteController(
                     arbitrator, interval=self.interval, token=token, token_file=token_file, **kw
                 )
             elif policy is None:
                 raise ValueError("DynamixController needs policy=<controller, name or bundle> or arbitrator=")
             else:
-                self.policy = (
+                chosen = (
                     make_controller(policy, **(policy_kwargs or {}))
                     if isinstance(policy, str | Path)
                     else policy
                 )
-            # what the policy's env would be built with: a bundle's schema, steps and split (else the
-            # env's defaults: schema 1, the mode's default steps, the policy's own split)
-            opts = env_options(self.policy)
-            self.encoder = make_encoder(opts.get("obs_schema", DEFAULT_SCHEMA_VERSION), self.spec)
-            self.actions = ActionRule.for_spec(
-                self.policy.action_mode,
-                self.spec,
-                opts.get("action_set"),
-                opts.get("split", "policy"),
-                opts.get("split_tolerance", DEFAULT_SPLIT_TOLERANCE),
-            )
-            self.policy.reset(self.spec, np.random.default_rng(seed))
-            if self.guard.config.acts and self.guard.config.fallback != "hold":
-                self.fallback = make_controller(self.guard.config.fallback)
-                self.fallback_actions = ActionRule.for_spec(self.fallback.action_mode, self.spec)
-                self.fallback.reset(self.spec, np.random.default_rng(seed))
+            self.decider = DropInDecider(self.spec, self.guard, chosen, seed)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         self.meter = ProcessMeter(ranks_on_host=local_world)
         self.local_world = local_world
         self.done = False
         self.decisions = 0
         self.last_report: IntervalReport | None = None
-        self._reconfig_s: float | None = None  # the last measured reconfiguration pause (balanced_cost)
         self.overhead_s = 0.0  # time spent in decisions (gather, policy, broadcast), this rank
         #: seconds spent per part of the decisions, this rank (the gather includes waiting for peers)
         self.timings = {"measure": 0.0, "gather": 0.0, "policy": 0.0, "broadcast": 0.0}
@@ -269,6 +249,11 @@ class DynamixController:
         self._new_interval()
 
     # --- what the training loop reads --------------------------------------------------------------
+    @property
+    def policy(self) -> Controller | None:
+        """Rank 0: the policy (None on the other ranks)."""
+        return None if self.decider is None else self.decider.policy
+
     @property
     def decisions_without_policy(self) -> int:
         """Rank 0: decisions at which the batches were kept because the arbitrator refused the job or
@@ -446,20 +431,15 @@ class DynamixController:
             report = self._report(rows, interval_s)
             self.last_report = report
             self.noise.update(report)
-            obs = self.encoder.encode(report)
-            info = {"report": report, "local_batches": self.batches.copy()}
-            action, _ = self.policy.predict(obs, info, deterministic=True)
-            self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
-            new, _clipped = self.actions.apply(action, self.batches, self.spec, report, self._reconfig_s)
-            new, order = self._guard_decision(report, obs, info, new)
-            stop = (
-                report.val_accuracy >= self.spec.target_accuracy
-                or report.wall_time_s >= self.spec.time_budget_s
-            )
+            new, stop, verdict = self.decider.decide(report, self.batches, self.decisions)
+            if verdict == "snapshot":  # the guards' snapshot and rollback of the noise estimate
+                self._snapshot_noise = (self.noise.grad_sqr, self.noise.trace_sigma)
+            elif verdict == "rollback":
+                self.noise.grad_sqr, self.noise.trace_sigma = self._snapshot_noise
             decision[: self.world] = torch.from_numpy(new.astype(np.float64))
             decision[self.world] = self._lr_for(new)
             decision[self.world + 1] = float(stop)
-            decision[self.world + 2] = order
+            decision[self.world + 2] = {"snapshot": _SNAPSHOT, "rollback": _ROLLBACK}.get(verdict, _KEEP)
         t_bcast = time.perf_counter()
         dist.broadcast(decision, src=0)
         t_done = time.perf_counter()
@@ -480,35 +460,7 @@ class DynamixController:
         self._new_interval()
         return changed
 
-    # --- the guards (sim.guards) --------------------------------------------------------------------------
-    def _guard_decision(
-        self, report: IntervalReport, obs: np.ndarray, info: dict[str, Any], new: np.ndarray
-    ) -> tuple[np.ndarray, float]:
-        """Rank 0: the watchdog's verdict on this interval and the batches that follow it (the
-        policy's, or the fallback's while it holds control), with the order for every rank."""
-        guard = self.guard
-        seen = len(guard.events)
-        verdict = guard.observe(
-            self.decisions, report.wall_time_s, report.val_accuracy, report.val_loss, self.batches.tolist()
-        )
-        order = {"snapshot": _SNAPSHOT, "rollback": _ROLLBACK}.get(verdict, _KEEP)
-        if verdict == "snapshot":
-            self._snapshot_noise = (self.noise.grad_sqr, self.noise.trace_sigma)
-        elif verdict == "rollback":
-            self.noise.grad_sqr, self.noise.trace_sigma = self._snapshot_noise
-            guard.rolled_back(report.wall_time_s)
-        for event in guard.events[seen:]:
-            log.warning("%s", event.describe())
-        if verdict == "rollback" or guard.fallback_decides():
-            if self.fallback is None:  # "hold": the snapshot's batches
-                new = np.asarray(guard.held_batches, dtype=np.int64)
-            else:
-                action, _ = self.fallback.predict(obs, info, deterministic=True)
-                new, _ = self.fallback_actions.apply(
-                    action, self.batches, self.spec, report, self._reconfig_s
-                )
-        return new, order
-
+    # --- the guards (sim.guards; rank 0 judges in adapters.dropin) -------------------------------------
     def _carry_out(self, order: float) -> None:
         """Every rank: keep a snapshot of its training state, or go back to it."""
         if order == _SNAPSHOT:
@@ -575,8 +527,8 @@ class DynamixController:
             "decisions": self.decisions,
         }
         if self.rank == 0:
-            state["policy"] = self.policy
-            state["encoder"] = self.encoder
+            state["policy"] = self.decider.policy
+            state["encoder"] = self.decider.step.encoder
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -595,6 +547,6 @@ class DynamixController:
         self.noise.grad_sqr, self.noise.trace_sigma = state["noise"]
         self.decisions = int(state["decisions"])
         if self.rank == 0 and "policy" in state and not resized:
-            self.policy = state["policy"]
-            self.encoder = state["encoder"]
+            self.decider.policy = state["policy"]
+            self.decider.step.encoder = state["encoder"]
         self._new_interval()

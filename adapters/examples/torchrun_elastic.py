@@ -23,7 +23,6 @@ resumed) and every rank writes its pid to ``pids/rank<r>.pid`` (tests kill ranks
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import time
@@ -31,13 +30,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from adapters.checkpoint import atomic_torch_save, load
-from adapters.data import load_dataset
-from adapters.models import build_model
+from adapters.examples.common import classification_step, cnn_job, resume, save_checkpoint, shut_down
 from adapters.torchrun import DynamixController
 from sim.datafiles import atomic_write_text
 
@@ -62,19 +57,7 @@ def main() -> None:
     root = Path(args.checkpoint_dir)
     (root / "pids").mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / "pids" / f"rank{rank}.pid", f"{os.getpid()}\n")
-    data = load_dataset("digits")
-    torch.manual_seed(0)
-    model = DDP(build_model("cnn", data.input_shape, data.num_classes))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    dataset = TensorDataset(data.x_train, data.y_train)
-
-    def evaluate() -> tuple[float, float]:
-        with torch.no_grad():
-            out = model.module(data.x_val)
-            return float((out.argmax(1) == data.y_val).float().mean()), float(
-                F.cross_entropy(out, data.y_val)
-            )
-
+    model, optimizer, dataset, evaluate, classes = cnn_job("digits", args.lr)
     base, extra = divmod(args.global_batch, world)
     ctl = DynamixController(  # DYNAMIX
         model,
@@ -86,7 +69,7 @@ def main() -> None:
         max_batch=args.global_batch,
         initial_batch=[base + (1 if r < extra else 0) for r in range(world)],
         evaluate=evaluate,
-        num_classes=data.num_classes,
+        num_classes=classes,
         workload="cnn/digits",
     )
     sampler = ctl.batch_sampler(len(dataset), seed=0)
@@ -94,12 +77,7 @@ def main() -> None:
     progress_file = root / "progress.json"
     progress = json.loads(progress_file.read_text()) if progress_file.exists() else {"starts": []}
     if (root / "latest.pt").exists():
-        state = load(root / "latest.pt")
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.schedule.load_state_dict(state["sampler"])
-        ctl.load_state_dict(state["controller"])  # DYNAMIX: another world size is fine
-        step = int(state["step"])
+        step = resume(root / "latest.pt", model, optimizer, sampler, ctl)  # DYNAMIX: any world size
     if rank == 0:
         last = int(progress.get("step", 0))
         progress["starts"].append(
@@ -117,27 +95,10 @@ def main() -> None:
     for x, y in loader:
         if step >= args.iterations:
             break
-        ctl.begin()  # DYNAMIX
-        out = model(x)
-        loss = F.cross_entropy(out, y, reduction="sum")
-        (loss * ctl.loss_scale).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        classification_step(ctl, model, optimizer, x, y)  # DYNAMIX: the digits example's loop body
         step += 1
-        ctl.end(loss.detach(), (out.argmax(1) == y).sum())  # DYNAMIX
         if step % args.checkpoint_every == 0:
-            if rank == 0:
-                atomic_torch_save(
-                    {
-                        "model": model.module.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "sampler": sampler.schedule.state_dict(),
-                        "controller": ctl.state_dict(),
-                        "step": step,
-                    },
-                    root / "latest.pt",
-                )
-            dist.barrier()
+            save_checkpoint(root / "latest.pt", model, optimizer, sampler, ctl, step)
         record()
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
@@ -147,9 +108,7 @@ def main() -> None:
         record()
         print(f"done: {step} steps at world {world}, val acc {acc:.4f}", flush=True)
     ctl = optimizer = model = None
-    gc.collect()
-    dist.destroy_process_group()
-    os._exit(0)
+    shut_down()
 
 
 if __name__ == "__main__":

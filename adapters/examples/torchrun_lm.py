@@ -16,9 +16,6 @@ The lines marked ``# DYNAMIX`` are all that the controller adds to the loop.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
-import os
 import time
 
 import torch
@@ -28,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 from adapters.data import load_dataset
+from adapters.examples.common import add_controller_args, controller_kwargs, controller_line, shut_down
 from adapters.models import build_model
 from adapters.tasks import LM_METRIC
 from adapters.torchrun import DynamixController
@@ -35,17 +33,7 @@ from adapters.torchrun import DynamixController
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", default="static", help="baseline name or PPO bundle path")
-    p.add_argument("--policy-kwargs", default="{}", help="JSON arguments of the baseline")
-    p.add_argument("--iterations", type=int, default=1000, help="training steps at most")
-    p.add_argument("--interval", type=int, default=20, help="K: iterations per decision")
-    p.add_argument("--base-batch", type=int, default=32)
-    p.add_argument("--initial-batch", type=int, default=None, help="local batch at the start (default: base)")
-    p.add_argument("--lr", type=float, default=0.2, help="SGD learning rate at the base batch")
-    p.add_argument("--lr-rule", default="adascale", choices=["adascale", "linear", "sqrt", "none"])
-    p.add_argument(
-        "--guards", default="act", help="off | watch | act, or JSON of sim.guards.GuardConfig fields"
-    )
+    add_controller_args(p, iterations=1000, interval=20, lr=0.2)
     p.add_argument("--val-fraction", type=float, default=0.05, help="held-out share of the corpus's windows")
     p.add_argument(
         "--target-val-loss",
@@ -53,7 +41,6 @@ def parse_args() -> argparse.Namespace:
         default=2.3,
         help="held-out loss (nats per byte) that ends the run; an untrained model scores ln 256 = 5.55",
     )
-    p.add_argument("--slowdown", default="", help="per-rank compute multipliers, e.g. 1,3")
     args = p.parse_args()
     if not 0.0 <= args.target_val_loss < LM_METRIC.untrained:
         p.error(
@@ -85,23 +72,15 @@ def main() -> None:
         model.module.train()
         return float(LM_METRIC.to_quality(loss)), loss
 
-    slow = [float(s) for s in args.slowdown.split(",")] if args.slowdown else [1.0] * world
     ctl = DynamixController(  # DYNAMIX
         model,
         optimizer,
-        policy=args.policy,
-        policy_kwargs=json.loads(args.policy_kwargs),
-        interval=args.interval,
-        base_batch=args.base_batch,
-        initial_batch=args.initial_batch,
-        lr_rule=args.lr_rule,
-        guards=json.loads(args.guards) if args.guards.startswith("{") else args.guards,
+        **controller_kwargs(args, rank, world),
         evaluate=evaluate,
         metric=LM_METRIC,  # a falling validation loss, seen as its rising quality
         target_accuracy=float(LM_METRIC.to_quality(args.target_val_loss)),
         num_classes=data.num_classes,
         workload="transformer/pystdlib",
-        slowdown=slow[rank],
     )
     loader = DataLoader(dataset, batch_sampler=ctl.batch_sampler(len(dataset), seed=0))  # DYNAMIX
     step = 0
@@ -124,19 +103,16 @@ def main() -> None:
             )
         if ctl.done:  # DYNAMIX: every rank stops at the same step
             break
-    elapsed = time.perf_counter() - t0
     if rank == 0:
         _, val_loss = evaluate()
         print(
             f"done: {step} steps, {ctl.decisions} decisions, val loss {val_loss:.4f} (target "
-            f"{args.target_val_loss:g}, reached {val_loss <= args.target_val_loss}), {elapsed:.1f} s, "
-            f"local batches {ctl.batches.tolist()} (policy {ctl.policy.name}); guards {ctl.guard.summary()}",
+            f"{args.target_val_loss:g}, reached {val_loss <= args.target_val_loss}), "
+            f"{controller_line(ctl, time.perf_counter() - t0)}",
             flush=True,
         )
     ctl = optimizer = model = None  # free them before destroying the group
-    gc.collect()
-    dist.destroy_process_group()
-    os._exit(0)
+    shut_down()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import numpy as np
 
 from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, check_split, step_masks
 from dynamix_gym.controllers.base import BaseController
+from dynamix_gym.decision import policy_forward
 from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 from sim.protocol import BackendSpec
 
@@ -204,7 +205,8 @@ class PPOController(BaseController):
     Args:
         path: bundle directory (or its ``model.zip``).
         bundle: an already loaded bundle (instead of ``path``).
-        deterministic: take the most likely action (default) rather than sampling.
+        deterministic: take the most likely action (default) rather than sampling one (with the
+            generator :meth:`reset` was given).
         split: run the policy under this split (``"policy"`` or ``"balanced"``, see
             :class:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv`) rather than the one it was
             trained under (``None``, the default: the bundle's); an ablation knob.
@@ -284,18 +286,13 @@ class PPOController(BaseController):
             )
 
     def predict(self, observation: np.ndarray, info: dict[str, Any], deterministic: bool | None = None):
+        """Every worker's step: the policy's most likely one (``deterministic``), else one drawn
+        with the generator of :meth:`reset` (:func:`dynamix_gym.decision.policy_forward`, the
+        service's inference too); a MaskablePPO policy sees the legal steps of the batches in force."""
         det = self.deterministic if deterministic is None else deterministic
-        obs = np.asarray(observation, dtype=np.float32)
-        if self.bundle.meta.obs_form == "per_worker":
-            obs = self.schema.split_centralised(obs, self.spec.num_workers)
-            if self.bundle.meta.critic == "centralised":  # the actor ignores it; the policy's input has it
-                from dynamix_gym.learning.central_critic import with_critic_state
-
-                obs = with_critic_state(obs, self.schema.worker_dim)
-        if self.bundle.obs_norm is not None:
-            obs = self.bundle.obs_norm(obs)
-        if self.bundle.meta.algorithm == "maskable_ppo":
-            # The legal steps from the batches in force and the spec alone (no env needed).
+        n = self.spec.num_workers
+        masks = None
+        if self.bundle.meta.algorithm == "maskable_ppo":  # from the batches in force and the spec alone
             masks = step_masks(
                 self.action_mode,
                 np.asarray(self.action_set),
@@ -303,12 +300,8 @@ class PPOController(BaseController):
                 self.spec.min_batch,
                 self.spec.max_batch,
             )
-            if self.bundle.meta.obs_form == "centralised":
-                masks = masks.reshape(-1)
-            action, _ = self.bundle.model.predict(obs, deterministic=det, action_masks=masks)
-            return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None
-        action, _ = self.bundle.model.predict(obs, deterministic=det)
-        return np.asarray(action, dtype=np.int64).reshape(self.spec.num_workers), None
+        out = policy_forward(self.bundle, observation, n, masks, explore=not det, rng=self.rng)
+        return out.actions, None
 
 
 def _fmt(values: list[float]) -> list[int | float]:

@@ -271,14 +271,9 @@ class ElasticClusterEnv(gym.Env):
         lr = float(np.asarray(parts["lr"]).reshape(-1)[0])
         self.job.set_lr_multiplier(lr)
         report = self.backend.run_interval(inner.batches, self.interval)
-        inner._observe(report)
-        inner.decisions += 1
+        out = inner._observe(report)  # the batch env's decision step: encoding and the episode's end
+        terminated, truncated = out.terminated, out.truncated
         spec = self.backend.spec
-        terminated = bool(report.val_accuracy >= spec.target_accuracy)
-        truncated = not terminated and (
-            report.wall_time_s >= self.time_budget_s
-            or (self.max_decisions is not None and inner.decisions >= self.max_decisions)
-        )
         spend = self.job.spend_usd()
         cost = spend - self._spend_prev
         self._spend_prev = spend

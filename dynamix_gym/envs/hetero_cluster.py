@@ -17,17 +17,14 @@ from dynamix_gym.actions import (  # the action names are re-exported for the en
     DEFAULT_SCALE_SET,
     DISCRETE_ACTION_MODES,
     SPLIT_MODES,
-    action_space,
+    ActionRule,
     apply_action,
-    check_action_set,
     check_in_range,
-    check_split,
-    observed_reconfig_s,
-    split_batches,
     step_masks,
 )
+from dynamix_gym.decision import DecisionStep, Observed
 from dynamix_gym.obs import check_schema_version, get_schema, make_encoder
-from dynamix_gym.reward import RewardConfig, compute_reward
+from dynamix_gym.reward import RewardConfig
 from sim.protocol import Backend, IntervalReport
 
 
@@ -176,7 +173,6 @@ class HeteroClusterEnv(gym.Env):
         split_tolerance: float = 0.1,
     ) -> None:
         super().__init__()
-        self.split, self.split_tolerance = check_split(split, split_tolerance)
         self.obs_schema = get_schema(check_schema_version("obs_schema", obs_schema))
         if action_mode not in ACTION_MODES:
             raise ValueError(f"unknown action_mode {action_mode!r}; choose one of {list(ACTION_MODES)}")
@@ -188,7 +184,6 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError(
                 f"time_budget_s must be a number of seconds in (0, inf) or None, got {time_budget_s!r}"
             )
-        self.action_set = check_action_set(action_mode, action_set)
         if backend is None:
             from dynamix_gym.backends.sim_backend import SimBackend
 
@@ -203,19 +198,58 @@ class HeteroClusterEnv(gym.Env):
                 **(sim_kwargs or {}),
             )
         self.backend = backend
-        self.reward_config = RewardConfig.from_any(reward)
         self.interval = int(interval)
-        self.action_mode = action_mode
-        self.max_decisions = max_decisions
-        self.time_budget_s = float(time_budget_s) if time_budget_s is not None else backend.spec.time_budget_s
-        self.encoder = make_encoder(self.obs_schema.version, backend.spec, window=window)
-
+        #: the one decision step (dynamix_gym.decision): encoder, action rule and split, end, reward
+        rule = ActionRule.for_spec(action_mode, backend.spec, action_set, split, split_tolerance)
+        encoder = make_encoder(self.obs_schema.version, backend.spec, window=window)
+        self.decision = DecisionStep(
+            backend.spec, rule, encoder, RewardConfig.from_any(reward), time_budget_s, max_decisions
+        )
+        self.action_mode, self.action_set = rule.mode, rule.steps
+        self.split, self.split_tolerance = rule.split, rule.split_tolerance
         n = backend.spec.num_workers
         self.num_workers = n
         self.observation_space = spaces.Box(-1.0, 1.0, (self.obs_schema.centralised_dim(n),), np.float32)
-        self.action_space = action_space(action_mode, self.action_set, backend.spec)
+        self.action_space = rule.space
         self._reset_done = False
         self._episode_over = False
+
+    # --- what the decision step owns ------------------------------------------------------------------
+    @property
+    def encoder(self) -> Any:
+        return self.decision.encoder
+
+    @property
+    def reward_config(self) -> RewardConfig:
+        return self.decision.reward
+
+    @reward_config.setter
+    def reward_config(self, value: RewardConfig) -> None:
+        self.decision.reward = value
+
+    @property
+    def time_budget_s(self) -> float:
+        return self.decision.time_budget_s
+
+    @time_budget_s.setter
+    def time_budget_s(self, value: float) -> None:
+        self.decision.time_budget_s = float(value)
+
+    @property
+    def max_decisions(self) -> int | None:
+        return self.decision.max_decisions
+
+    @property
+    def decisions(self) -> int:
+        return self.decision.decisions
+
+    @property
+    def last_report(self) -> IntervalReport | None:
+        return self.decision.last_report
+
+    @property
+    def _reconfig_s(self) -> float | None:
+        return self.decision.reconfig_s
 
     # --- gymnasium API ------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -241,17 +275,13 @@ class HeteroClusterEnv(gym.Env):
     def _start_episode(self, initial: np.ndarray | None = None):
         """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""
         self.backend.reset(rng=self.np_random)
-        self.encoder.reset()
+        self.decision.reset()
         start = self.backend.spec.initial_batch if initial is None else initial
         self.batches = start.astype(np.int64).copy()
-        self.decisions = 0
-        report = self.backend.run_interval(self.batches, self.interval)
-        self._reconfig_s = observed_reconfig_s(None, report)
-        self._observe(report)
-        self._prev_val_accuracy = float(report.val_accuracy)
+        self._observe(self.backend.run_interval(self.batches, self.interval))
         self._reset_done = True
         self._episode_over = False
-        info = self._info(report, clipped=[], terms={})
+        info = self._info(self.last_report, clipped=[], terms={})
         return self._obs(), info
 
     def step(self, action):
@@ -259,48 +289,29 @@ class HeteroClusterEnv(gym.Env):
             raise RuntimeError("HeteroClusterEnv.step() called before reset()")
         if self._episode_over:
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
-        requested, clipped = self.apply_action(action)
-        new_batches = split_batches(
-            self.split,
-            requested,
-            self.batches,
-            self.last_report,
-            self.backend.spec,
-            self.split_tolerance,
-            self._reconfig_s,
-        )
-        self.batches = new_batches
-        report = self.backend.run_interval(new_batches, self.interval)
-        if getattr(self.backend, "guard", None) is not None:
-            # a guarded backend (sim.guards) may have run its fallback's batches instead
-            self.batches = report.local_batch.astype(np.int64)
-        self._reconfig_s = observed_reconfig_s(self._reconfig_s, report)
-        self._observe(report)
-        self.decisions += 1
-        spec = self.backend.spec
-        terminated = bool(report.val_accuracy >= spec.target_accuracy)
-        truncated = not terminated and (
-            report.wall_time_s >= self.time_budget_s
-            or (self.max_decisions is not None and self.decisions >= self.max_decisions)
-        )
-        reward, terms = compute_reward(self.reward_config, report, self._prev_val_accuracy, terminated)
-        self._prev_val_accuracy = float(report.val_accuracy)
+        move = self.decision.act(action, self.batches)
+        self.batches = move.batches
+        report = self.backend.run_interval(move.batches, self.interval)
+        # a guarded backend (sim.guards) may have run its fallback's batches instead
+        self.batches = self.decision.ran(report, move.batches, getattr(self.backend, "guard", None))
+        out = self._observe(report)
+        terminated, truncated = out.terminated, out.truncated
         self._episode_over = terminated or truncated
-        info = self._info(report, clipped, terms)
-        info["requested_batches"] = requested
+        info = self._info(report, move.clipped, out.terms)
+        info["requested_batches"] = move.requested
         if terminated:
             info["time_to_accuracy_s"] = report.wall_time_s
-        return self._obs(), reward, terminated, truncated, info
+        return self._obs(), out.reward, terminated, truncated, info
 
     def close(self) -> None:
         self.backend.close()
 
     # --- helpers ------------------------------------------------------------------------------------
     def apply_action(self, action) -> tuple[np.ndarray, list[dict[str, int]]]:
-        """New local batches for ``action`` and the list of clippings to the workers' ranges."""
-        return apply_action(
-            action, self.action_mode, self.action_set, self.action_space, self.batches, self.backend.spec
-        )
+        """New local batches for ``action`` and the list of clippings to the workers' ranges (the
+        action rule alone, before the split)."""
+        rule = self.decision.rule
+        return apply_action(action, rule.mode, rule.steps, rule.space, self.batches, self.backend.spec)
 
     def action_mask_matrix(self) -> np.ndarray:
         """(N, len(action_set)) bool: step j is legal for worker i when it keeps the worker's local
@@ -312,8 +323,7 @@ class HeteroClusterEnv(gym.Env):
             )
         if not self._reset_done:
             raise RuntimeError("HeteroClusterEnv.action_masks() called before reset()")
-        spec = self.backend.spec
-        return step_masks(self.action_mode, self.action_set, self.batches, spec.min_batch, spec.max_batch)
+        return self.decision.masks(self.batches)
 
     def action_masks(self) -> np.ndarray:
         """The legal steps as one flat bool vector of ``N * len(action_set)`` entries (worker 0's
@@ -322,9 +332,11 @@ class HeteroClusterEnv(gym.Env):
         ``info["clipped"]``."""
         return self.action_mask_matrix().reshape(-1)
 
-    def _observe(self, report: IntervalReport) -> None:
-        self.last_report = report
-        self._obs_vec = self.encoder.encode(report)
+    def _observe(self, report: IntervalReport) -> Observed:
+        """The decision step's view of ``report`` (the observation kept for :meth:`_obs`)."""
+        out = self.decision.observe(report)
+        self._obs_vec = out.obs
+        return out
 
     def _obs(self) -> np.ndarray:
         return self._obs_vec.copy()
@@ -343,8 +355,11 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError("set_backend would change the absolute-mode action space; build a new env")
         self.backend.close()
         self.backend = backend
-        self.time_budget_s = backend.spec.time_budget_s
-        self.encoder = make_encoder(self.obs_schema.version, backend.spec, window=self.encoder.window)
+        old = self.decision
+        rule = ActionRule.for_spec(old.rule.mode, backend.spec, old.rule.steps, old.rule.split,
+                                   old.rule.split_tolerance)  # fmt: skip
+        encoder = make_encoder(self.obs_schema.version, backend.spec, window=old.encoder.window)
+        self.decision = DecisionStep(backend.spec, rule, encoder, old.reward, None, old.max_decisions)
 
     def _info(self, report: IntervalReport, clipped: list, terms: dict[str, float]) -> dict[str, Any]:
         return {

@@ -36,12 +36,13 @@ from typing import Any
 
 import grpc
 import numpy as np
-import torch
 
-from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule, observed_reconfig_s, step_masks
+from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule
+from dynamix_gym.benchmark.scoring import run_score_s
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
-from dynamix_gym.obs import get_schema, make_encoder, split_centralised
-from dynamix_gym.reward import RewardConfig, compute_reward
+from dynamix_gym.decision import DecisionStep, policy_forward
+from dynamix_gym.obs import make_encoder
+from dynamix_gym.reward import RewardConfig
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
 from dynamix_gym.service.messages import (
@@ -125,57 +126,6 @@ class PolicyStore:
         return new
 
 
-def policy_step(
-    served: ServedPolicy,
-    obs: np.ndarray,
-    n: int,
-    explore: bool,
-    rng: np.random.Generator,
-    masks: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Action indices, values, log-probabilities and the per-worker rows fed to the policy.
-
-    Deterministic (the most likely action) unless ``explore``, when each worker's action is drawn
-    from the policy with ``rng``: DYNAMIX's online mode, whose experience the learner uses.
-    ``masks`` (N, A) bool, for a MaskablePPO bundle: the legal steps; an illegal one gets
-    probability zero, as in sb3-contrib's MaskableCategorical, so the log-probabilities are the
-    masked policy's.
-    """
-    bundle = served.bundle
-    per_worker = bundle.meta.obs_form == "per_worker"
-    rows = split_centralised(obs, n, get_schema(bundle.meta.schema_version)) if per_worker else obs[None, :]
-    if bundle.obs_norm is not None:
-        rows = bundle.obs_norm(rows)
-    policy = bundle.model.policy
-    with served.lock, torch.no_grad():
-        # One pass through SB3's ActorCriticPolicy (what get_distribution + predict_values compute),
-        # without building torch distribution objects: the per-call overhead dominates tiny MLPs.
-        t = torch.as_tensor(rows, dtype=torch.float32)
-        features = policy.extract_features(t)
-        if policy.share_features_extractor:
-            latent_pi, latent_vf = policy.mlp_extractor(features)
-        else:
-            latent_pi = policy.mlp_extractor.forward_actor(features[0])
-            latent_vf = policy.mlp_extractor.forward_critic(features[1])
-        logits = policy.action_net(latent_pi).numpy().astype(np.float64)
-        values = policy.value_net(latent_vf).numpy().reshape(-1)
-    if not per_worker:  # MultiDiscrete: one block of logits per worker
-        logits = logits.reshape(n, -1)
-    if masks is not None:
-        logits = np.where(masks, logits, -np.inf)
-    logits -= logits.max(axis=1, keepdims=True)
-    probs = np.exp(logits)
-    probs /= probs.sum(axis=1, keepdims=True)
-    if explore:
-        cum = np.cumsum(probs, axis=1)
-        u = rng.random((probs.shape[0], 1)) * cum[:, -1:]
-        actions = np.minimum((u > cum).sum(axis=1), probs.shape[1] - 1)
-    else:
-        actions = probs.argmax(axis=1)
-    logp = np.log(np.maximum(probs[np.arange(len(actions)), actions], 1e-12))
-    return actions.astype(np.int64), values, logp, rows
-
-
 # --------------------------------------------------------------------------------------------
 # Sessions
 # --------------------------------------------------------------------------------------------
@@ -186,18 +136,17 @@ class Session:
     task: str
     policy_name: str
     spec: BackendSpec
-    encoder: Any  # the env's observation encoder of the bundle's schema (its short history)
-    actions: ActionRule  # the bundle's discrete steps (deltas or factors) over the job's workers
+    #: the env's decision step for the bundle: its schema's encoder (the short history), its discrete
+    #: steps and split over the job's workers, the job's end and the interval's reward
+    step: DecisionStep
     next_seq: int
     last_seen: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: pb.Decision | None = None
-    prev_val_accuracy: float | None = None
     versions: Counter = field(default_factory=Counter)
     decisions: int = 0
     ended: bool = False
     rng: np.random.Generator | None = None  # the job's exploration draws
-    reconfig_s: float | None = None  # the job's last measured reconfiguration pause (balanced_cost)
 
 
 @dataclass
@@ -302,8 +251,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             return self._refuse(context, code, str(e), "Register", request.job_id)
-        try:  # the bundle's own steps, as its training env applied them
-            actions = ActionRule.for_spec(
+        try:  # the bundle's own steps and split, as its training env applied them
+            rule = ActionRule.for_spec(
                 meta.action_mode, spec, meta.action_set, meta.split, meta.split_tolerance
             )
         except ValueError as e:
@@ -314,6 +263,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 "Register",
                 request.job_id,
             )
+        step = DecisionStep(spec, rule, encoder, served.reward)
         now = self.clock()
         next_seq = max(int(request.next_seq), self._resume_seqs.get(request.job_id, -1) + 1)
         session = Session(
@@ -324,8 +274,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             task=request.task,
             policy_name=served.name,
             spec=spec,
-            encoder=encoder,
-            actions=actions,
+            step=step,
             next_seq=next_seq,
             last_seen=now,
             # keyed by the job and where it resumes: a re-registered job does not replay its draws
@@ -362,6 +311,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                 "t": time.time(),
             }
         )
+        actions = step.rule
         scale = actions.mode == "scale"
         return pb.RegisterReply(
             session_id=session.id,
@@ -433,23 +383,18 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
 
     def _decide(self, session: Session, seq: int, report, current: np.ndarray) -> pb.Decision:
         served = self.store.get(session.policy_name)
-        obs = session.encoder.encode(report)
-        spec = session.spec
-        n = spec.num_workers
-        terminated = bool(report.val_accuracy >= spec.target_accuracy)
-        time_up = bool(report.wall_time_s >= spec.time_budget_s)
-        reward = None
-        if session.prev_val_accuracy is not None:
-            reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, terminated)
-        session.prev_val_accuracy = float(report.val_accuracy)
+        step = session.step
+        step.reward = served.reward  # the serving version's (the learner may have swapped it)
+        seen = step.observe(report)
+        terminated, time_up = seen.terminated, seen.truncated
         masks = None
         if served.bundle.meta.algorithm == "maskable_ppo":  # the legal steps, as in its training env
-            masks = step_masks(
-                session.actions.mode, session.actions.steps, current, spec.min_batch, spec.max_batch
+            masks = step.masks(current)
+        with served.lock:
+            out = policy_forward(
+                served.bundle, seen.obs, session.spec.num_workers, masks, self.config.explore, session.rng
             )
-        actions, values, logp, rows = policy_step(served, obs, n, self.config.explore, session.rng, masks)
-        session.reconfig_s = observed_reconfig_s(session.reconfig_s, report)
-        new, _ = session.actions.apply(actions, current, spec, report, session.reconfig_s)
+        new = step.act(out.actions, current).batches
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
         session.next_seq = seq + 1
@@ -465,12 +410,12 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             "seq": seq,
             "version": served.version,
             "t": time.time(),
-            "obs": np.round(rows.astype(np.float64), digits).tolist(),
-            "action": actions.tolist(),
-            "value": np.round(values.astype(np.float64), 6).tolist(),
-            "log_prob": np.round(logp, 6).tolist(),
+            "obs": np.round(out.rows.astype(np.float64), digits).tolist(),
+            "action": out.actions.tolist(),
+            "value": np.round(out.values.astype(np.float64), 6).tolist(),
+            "log_prob": np.round(out.log_probs, 6).tolist(),
             **({} if masks is None else {"mask": masks.astype(int).tolist()}),
-            "reward": None if reward is None else float(reward),
+            "reward": None if seen.reward is None else float(seen.reward),
             "val_accuracy": float(report.val_accuracy),
             "wall_time_s": float(report.wall_time_s),
             "done": terminated or time_up,
@@ -486,8 +431,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
     def _end(self, session: Session, wall_time_s: float, reached: bool) -> None:
         session.ended = True
         version = session.versions.most_common(1)[0][0] if session.versions else 0
-        # Time to accuracy, or (target missed) twice the time used, as the training validation scores.
-        tta = float(wall_time_s) if reached else 2.0 * float(wall_time_s)
+        # The benchmark's one score: time to accuracy, or the time budget where the target was missed.
+        tta = run_score_s(reached, wall_time_s, session.spec.time_budget_s)
         record = {
             "kind": "end",
             "job": session.job_id,
@@ -527,11 +472,9 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
     def _finish(self, session: Session, report) -> None:
         """The job's last interval (no decision follows): its reward closes the last transition."""
         served = self.store.get(session.policy_name)
-        spec = session.spec
-        reached = bool(report.val_accuracy >= spec.target_accuracy)
-        reward = None
-        if session.prev_val_accuracy is not None:
-            reward, _ = compute_reward(served.reward, report, session.prev_val_accuracy, reached)
+        session.step.reward = served.reward
+        seen = session.step.observe(report)
+        reached, reward = seen.terminated, seen.reward
         record = {
             "kind": "final",
             "job": session.job_id,

@@ -10,11 +10,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 from adapters.data import load_dataset
+from adapters.examples.common import classification_step
 from adapters.models import build_model
 from adapters.torchrun import DynamixController
 
@@ -45,13 +45,7 @@ def main() -> None:
     )
     batches = []
     for x, y in loader:
-        ctl.begin()
-        logits = model(x)
-        loss = F.cross_entropy(logits, y, reduction="sum")
-        (loss * ctl.loss_scale).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if ctl.end(loss.detach(), (logits.argmax(1) == y).sum()) or ctl.decisions:
+        if classification_step(ctl, model, optimizer, x, y) or ctl.decisions:
             batches.append(ctl.batches.tolist())
     if rank == 0:
         counts = dict(ctl.policy.client.counts)

@@ -235,3 +235,16 @@ def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(r
     assert other.last_error.startswith("FAILED_PRECONDITION: bundle 'default' reads observation schema 1")
     with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
         ArbitratorClient(running.address, token=TOKEN, obs_schema=4)
+
+
+def test_a_job_that_misses_its_target_is_scored_by_its_time_budget(running):
+    """The service's end record (what the learner's rollback test measures) scores a miss as the
+    benchmark does (dynamix_gym.benchmark.scoring.run_score_s): the time budget, not the time used."""
+    env = HeteroClusterEnv(workers=4, scenario="throttle", time_budget_s=120.0, action_mode="absolute")
+    ctl = RemoteController(running.address, token=TOKEN, job_id="late", timeout_s=5.0)
+    summary = run_episode(env, ctl, 3).summary
+    ctl.close(final_report=env.unwrapped.last_report)
+    assert not summary["reached_target"] and summary["total_time_s"] > 120.0
+    ends = [r for r in read_log(running.log_path) if r["kind"] == "end"]
+    assert len(ends) == 1 and not ends[0]["reached"]
+    assert ends[0]["tta_s"] == 120.0

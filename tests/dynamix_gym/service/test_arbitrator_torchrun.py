@@ -27,6 +27,14 @@ def _torchrun(address: str, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def _deploy(running, out_dir: Path, token: str, job_id: str, *overrides: str) -> subprocess.CompletedProcess:
+    """The deploy app on real DDP ranks, asking the service as job ``job_id`` with ``token``."""
+    env = {**os.environ, "DYNAMIX_ARBITRATOR_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "experiments.deploy", f"arbitrator={running.address}"]
+    cmd += [f"+arbitrator_kwargs.job_id={job_id}", f"out_dir={out_dir}", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # two torchrun launches: about a minute on two cores
 def test_drop_in_controller_uses_the_service_and_survives_its_absence(running, tmp_path):
@@ -47,20 +55,16 @@ def test_drop_in_controller_uses_the_service_and_survives_its_absence(running, t
 @pytest.mark.integration
 @pytest.mark.slow  # real DDP ranks spawned by the deploy app
 def test_deploy_app_on_the_real_backend_asks_the_service(running, tmp_path):
-    env = {**os.environ, "DYNAMIX_ARBITRATOR_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.deploy",
-        f"arbitrator={running.address}",
-        "+arbitrator_kwargs.job_id=deploy-job",
+    proc = _deploy(
+        running,
+        tmp_path,
+        TOKEN,
+        "deploy-job",
         "+arbitrator_kwargs.timeout_s=2.0",
-        f"out_dir={tmp_path}",
         "env.interval=10",
         "env.max_decisions=3",
         "backend.target_accuracy=1.0",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = list(read_log(running.log_path))
     assert [r["seq"] for r in records if r["kind"] == "decision" and r["job"] == "deploy-job"] == [0, 1, 2]
@@ -70,18 +74,8 @@ def test_deploy_app_on_the_real_backend_asks_the_service(running, tmp_path):
 @pytest.mark.integration  # real DDP ranks spawned by the deploy app (about 7 s: refused at registration)
 def test_deploy_with_a_wrong_token_fails_naming_the_cause_and_the_service_logs_it(running, tmp_path, caplog):
     wrong = "wrong-token-0123456789abcdef"
-    env = {**os.environ, "DYNAMIX_ARBITRATOR_TOKEN": wrong, "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.deploy",
-        f"arbitrator={running.address}",
-        "+arbitrator_kwargs.job_id=ddp-4",
-        f"out_dir={tmp_path}",
-        "env.max_decisions=3",
-    ]
     with caplog.at_level("WARNING", logger="dynamix_gym.service.transport"):
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+        proc = _deploy(running, tmp_path, wrong, "ddp-4", "env.max_decisions=3")
     assert proc.returncode != 0
     assert "refused job 'ddp-4' (Register: UNAUTHENTICATED: missing or wrong token)" in proc.stderr
     assert "allow_without_policy=true" in proc.stderr and wrong not in proc.stderr

@@ -207,6 +207,7 @@ class HeteroClusterEnv(gym.Env):
         )
         self.action_mode, self.action_set = rule.mode, rule.steps
         self.split, self.split_tolerance = rule.split, rule.split_tolerance
+        self._fallback = self._guard_fallback()
         n = backend.spec.num_workers
         self.num_workers = n
         self.observation_space = spaces.Box(-1.0, 1.0, (self.obs_schema.centralised_dim(n),), np.float32)
@@ -276,6 +277,8 @@ class HeteroClusterEnv(gym.Env):
         """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""
         self.backend.reset(rng=self.np_random)
         self.decision.reset()
+        if self._fallback is not None:  # a child stream: the episode's own draws do not move
+            self._fallback[0].reset(self.backend.spec, self.np_random.spawn(1)[0])
         start = self.backend.spec.initial_batch if initial is None else initial
         self.batches = start.astype(np.int64).copy()
         self._observe(self.backend.run_interval(self.batches, self.interval))
@@ -289,11 +292,18 @@ class HeteroClusterEnv(gym.Env):
             raise RuntimeError("HeteroClusterEnv.step() called before reset()")
         if self._episode_over:
             raise RuntimeError("the episode has ended (terminated or truncated); call reset() first")
-        move = self.decision.act(action, self.batches)
+        guard = getattr(self.backend, "guard", None)
+        if self._fallback is not None and guard.fallback_decides():
+            fallback, rule = self._fallback  # a named fallback decides for the guards' cool-down
+            info = {"report": self.last_report, "local_batches": self.batches.copy()}
+            fallback_action, _ = fallback.predict(self._obs(), info, deterministic=True)
+            move = self.decision.act(fallback_action, self.batches, rule=rule)
+        else:
+            move = self.decision.act(action, self.batches)
         self.batches = move.batches
         report = self.backend.run_interval(move.batches, self.interval)
         # a guarded backend (sim.guards) may have run its fallback's batches instead
-        self.batches = self.decision.ran(report, move.batches, getattr(self.backend, "guard", None))
+        self.batches = self.decision.ran(report, move.batches, guard)
         out = self._observe(report)
         terminated, truncated = out.terminated, out.truncated
         self._episode_over = terminated or truncated
@@ -360,6 +370,18 @@ class HeteroClusterEnv(gym.Env):
                                    old.rule.split_tolerance)  # fmt: skip
         encoder = make_encoder(self.obs_schema.version, backend.spec, window=old.encoder.window)
         self.decision = DecisionStep(backend.spec, rule, encoder, old.reward, None, old.max_decisions)
+        self._fallback = self._guard_fallback()
+
+    def _guard_fallback(self) -> tuple[Any, ActionRule] | None:
+        """The controller a guarded backend's ``fallback`` names, with its action rule (None for
+        ``"hold"``, which the backend carries out itself, or without acting guards)."""
+        guard = getattr(self.backend, "guard", None)
+        if guard is None or not guard.config.acts or guard.config.fallback == "hold":
+            return None
+        from dynamix_gym.controllers.registry import make_controller  # controllers build envs
+
+        fallback = make_controller(guard.config.fallback)
+        return fallback, ActionRule.for_spec(fallback.action_mode, self.backend.spec)
 
     def _info(self, report: IntervalReport, clipped: list, terms: dict[str, float]) -> dict[str, Any]:
         return {

@@ -109,3 +109,22 @@ def test_training_worlds_draw_an_instability_from_absent_to_severe_without_movin
     assert backend.sim.instability is not None and backend.sim.instability.params == params
     with pytest.raises(ValueError, match=r"domain\.instability_probability"):
         DomainRandomization(workers=4, instability_probability=1.5)
+
+
+def test_a_named_fallback_decides_in_the_env_after_a_rollback():
+    """guards.fallback=<controller> on the env's path (a guarded SimBackend or DDPBackend): once the
+    guards roll back, the named controller decides, not the policy (before, only "hold" was carried
+    out there and a named fallback was silently the policy again)."""
+    # on a rise, by the gain over the base rate: x4 (static 128 on 4 workers) ~ 1e-9, x64 (reckless) ~ 1
+    steep = InstabilityParams("steep", intercept=-40.0, slope=10.0, ramp_effect=0.0, depth=1.0)
+    backend = SimBackend(
+        "t4v100_4", "cifar10", "static_hetero", lr_rule="linear", instability=steep,
+        guards={"max_lr_gain": None, "lr_ramp_iters": 0, "max_rollbacks": 1, "lr_backoff": 1.0, "fallback": "static"},
+    )  # fmt: skip
+    env = HeteroClusterEnv(backend=backend, interval=50, action_mode="absolute", max_decisions=250)
+    run = run_episode(env, RecklessController(small=64, calm=20), seed=1)
+    assert run.summary["reached_target"] and run.summary["guard_rollbacks"] == 1
+    fired = next(i for i, row in enumerate(run.timeline) if row["guard_rollbacks"])
+    after = run.timeline[fired + 1 :]
+    assert after and all(row[f"w{i}_batch"] == 128 for row in after for i in range(4))  # static's batch
+    assert run.summary["guard_fallback_intervals"] >= len(after)

@@ -187,6 +187,7 @@ class DecisionStep:
         )
         if verdict == "rollback":
             guard.rolled_back(report.wall_time_s)
+            guard.fallback_intervals += 1  # the interval run again from the snapshot, as a backend counts it
         for event in guard.events[seen:]:
             log.warning("%s", event.describe())
         if verdict == "rollback" or guard.fallback_decides():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.batched_noise import BatchNoise, StreamNoise, batch_generator
+from sim.batched_noise import BatchNoise, StreamNoise, batch_generator, chunk_rows
 from sim.batched_world import ConvergenceTables, WorldArrays
 from sim.engine import Simulator
 from sim.fault_timeline import FaultTimeline
@@ -126,6 +126,7 @@ class BatchedSimulator:
         self.log_cursor = f(c, dtype=np.int64)
         self.log_end = f(c, dtype=np.int64)  # fault-log lines after the events processed
         self.started = f(c, dtype=bool)
+        self._chunk: np.ndarray | None = None  # scratch of one chunk of compute times
         for i, sim in enumerate(worlds):
             self.set_world(i, sim)
 
@@ -290,19 +291,18 @@ class BatchedSimulator:
         with np.errstate(divide="ignore"):
             log_comp = np.where(alive, np.log(smooth), -np.inf) - off_cv[todo][:, None]
         jj = j[todo]
+        cvt = cv[todo]
         shifted = bool(jj.any())
         if shifted:  # later segments: iteration j of the interval is column 0
             cols = np.minimum(jj[:, None] + np.arange(k_iters), k_iters - 1)
             z = np.take_along_axis(d.compute[todo], cols[:, None, :], axis=2)
             jit, lat = np.take_along_axis(jitter[todo], cols, 1), np.take_along_axis(latency[todo], cols, 1)
-        elif len(todo) == len(jitter):  # every cluster of the step: no gather
-            z, jit, lat = d.compute, jitter, latency
+            comp = _compute_times(z, cvt, log_comp)
+            slowest, comp_sum = comp.max(axis=1), None
         else:
-            z, jit, lat = d.compute[todo], jitter[todo], latency[todo]
-        comp = z * cv[todo][:, None, None]
-        comp += log_comp[:, :, None]
-        np.exp(comp, out=comp)
-        slowest = comp.max(axis=1)
+            every = len(todo) == len(jitter)  # every cluster of the step: no gather
+            jit, lat = (jitter, latency) if every else (jitter[todo], latency[todo])
+            slowest, comp_sum = self._compute_pass(d.compute, None if every else todo, cvt, log_comp)
         ring = 2 * (replicas - 1)
         sync = (base_sync / self.bandwidth[ci])[:, None] + ring[:, None] * lat
         sync *= jit
@@ -318,13 +318,17 @@ class BatchedSimulator:
         full = m == k_iters - jj
         if full.all() and not shifted:
             seg_time = it.sum(axis=1)
-            comp_sum = comp.sum(axis=2)
             slow_sum = slowest.sum(axis=1)
             comm = (it - slowest).sum(axis=1)
         else:
             mask = np.arange(k_iters) < m[:, None]
             seg_time = np.where(mask, it, 0.0).sum(axis=1)
-            comp_sum = np.where(mask[:, None, :], comp, 0.0).sum(axis=2)
+            if shifted:
+                comp_sum = np.where(mask[:, None, :], comp, 0.0).sum(axis=2)
+            else:  # the rows cut short by an event: their compute times again, summed up to it
+                cut = np.flatnonzero(~full)
+                comp = _compute_times(d.compute[todo[cut]], cvt[cut], log_comp[cut])
+                comp_sum[cut] = np.where(mask[cut][:, None, :], comp, 0.0).sum(axis=2)
             slow_sum = np.where(mask, slowest, 0.0).sum(axis=1)
             comm = np.where(mask, it - slowest, 0.0).sum(axis=1)
         mf = m.astype(np.float64)[:, None]
@@ -352,6 +356,28 @@ class BatchedSimulator:
         acc.samples[todo] += gb.astype(np.int64) * m
         t[todo] += seg_time
         j[todo] += m
+
+    def _compute_pass(self, z_all, todo, cv, log_comp) -> tuple[np.ndarray, np.ndarray]:
+        """Per iteration the slowest worker's compute time ``[rows, K]`` and per worker the sum of
+        its compute times ``[rows, W]``, over rows ``todo`` of ``z_all`` (None: all of them), a
+        chunk of clusters at a time (the arrays of a chunk stay in cache; no ``[C, W, K]``
+        temporary)."""
+        rows, width, k = (len(z_all) if todo is None else len(todo)), z_all.shape[1], z_all.shape[2]
+        slowest, comp_sum = np.empty((rows, k)), np.empty((rows, width))
+        step = chunk_rows(width, k)
+        buf = self._chunk_buffer(min(step, rows) * width * k)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            z = z_all[r0:r1] if todo is None else z_all[todo[r0:r1]]
+            comp = _compute_times(z, cv[r0:r1], log_comp[r0:r1], buf[: z.size].reshape(z.shape))
+            comp.max(axis=1, out=slowest[r0:r1])
+            comp.sum(axis=2, out=comp_sum[r0:r1])
+        return slowest, comp_sum
+
+    def _chunk_buffer(self, size: int) -> np.ndarray:
+        if self._chunk is None or self._chunk.size < size:
+            self._chunk = np.empty(size)
+        return self._chunk[:size]
 
     def _measure(self, idx, b, bf, k_iters, interval_time, reconfig, acc, d) -> BatchReport:
         w, conv = self.world, self.conv
@@ -394,8 +420,7 @@ class BatchedSimulator:
         g2, v = conv.grad_stats(idx, progress)
         m0 = conv.base_batch[idx]
         scale = g2[:, None] + (v * m0)[:, None] / b
-        root = np.sqrt(d.grad)
-        mean_g, mean_root = d.grad.mean(axis=2), root.mean(axis=2)
+        mean_g, mean_root = d.grad_mean, d.grad_root_mean
         var_root = np.maximum(mean_g - mean_root**2, 0.0)
         gb = np.maximum(acc.global_batch, 1)
         global_sqr = (g2 + v * m0 / gb) * d.grad_global
@@ -482,6 +507,14 @@ _PER_WORKER = ("local_batch", "alive", "iteration_time_s", "compute_time_s", "id
                "batch_accuracy", "batch_loss", "grad_norm_mean", "grad_norm_var", "local_grad_sqr")  # fmt: skip
 _GLOBAL_FLOAT = ("interval_time_s", "wall_time_s", "reconfig_time_s", "comm_time_s", "global_grad_sqr",
                  "val_accuracy", "val_loss", "epoch")  # fmt: skip
+
+
+def _compute_times(z, cv, log_comp, out=None) -> np.ndarray:
+    """T_compute = exp(cv z + ln T_mean - cv^2 / 2) ``[rows, W, K]`` (``log_comp`` holds the last
+    two terms; dead workers -inf), into ``out`` when given."""
+    comp = np.multiply(z, cv[:, None, None], out=out)
+    comp += log_comp[:, :, None]
+    return np.exp(comp, out=comp)
 
 
 class _Sums:

@@ -295,14 +295,13 @@ class BatchedSimulator:
         shifted = bool(jj.any())
         if shifted:  # later segments: iteration j of the interval is column 0
             cols = np.minimum(jj[:, None] + np.arange(k_iters), k_iters - 1)
-            z = np.take_along_axis(d.compute[todo], cols[:, None, :], axis=2)
             jit, lat = np.take_along_axis(jitter[todo], cols, 1), np.take_along_axis(latency[todo], cols, 1)
-            comp = _compute_times(z, cvt, log_comp)
-            slowest, comp_sum = comp.max(axis=1), None
+            sel = todo
         else:
             every = len(todo) == len(jitter)  # every cluster of the step: no gather
             jit, lat = (jitter, latency) if every else (jitter[todo], latency[todo])
-            slowest, comp_sum = self._compute_pass(d.compute, None if every else todo, cvt, log_comp)
+            cols, sel = None, None if every else todo
+        slowest, comp_sum = self._compute_pass(d.compute, sel, cvt, log_comp, cols, sums=not shifted)
         ring = 2 * (replicas - 1)
         sync = (base_sync / self.bandwidth[ci])[:, None] + ring[:, None] * lat
         sync *= jit
@@ -323,12 +322,12 @@ class BatchedSimulator:
         else:
             mask = np.arange(k_iters) < m[:, None]
             seg_time = np.where(mask, it, 0.0).sum(axis=1)
-            if shifted:
-                comp_sum = np.where(mask[:, None, :], comp, 0.0).sum(axis=2)
-            else:  # the rows cut short by an event: their compute times again, summed up to it
-                cut = np.flatnonzero(~full)
-                comp = _compute_times(d.compute[todo[cut]], cvt[cut], log_comp[cut])
-                comp_sum[cut] = np.where(mask[cut][:, None, :], comp, 0.0).sum(axis=2)
+            # the rows cut short by an event (every row of a later segment, whose columns past its
+            # end repeat the last): their compute times again, summed over the segment's iterations
+            cut = np.arange(len(todo)) if shifted else np.flatnonzero(~full)
+            comp_sum[cut] = self._compute_pass(
+                d.compute, todo[cut], cvt[cut], log_comp[cut], None if cols is None else cols[cut], mask[cut]
+            )[1]
             slow_sum = np.where(mask, slowest, 0.0).sum(axis=1)
             comm = np.where(mask, it - slowest, 0.0).sum(axis=1)
         mf = m.astype(np.float64)[:, None]
@@ -357,21 +356,31 @@ class BatchedSimulator:
         t[todo] += seg_time
         j[todo] += m
 
-    def _compute_pass(self, z_all, todo, cv, log_comp) -> tuple[np.ndarray, np.ndarray]:
+    def _compute_pass(
+        self, z_all, todo, cv, log_comp, cols=None, mask=None, sums: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray]:
         """Per iteration the slowest worker's compute time ``[rows, K]`` and per worker the sum of
-        its compute times ``[rows, W]``, over rows ``todo`` of ``z_all`` (None: all of them), a
-        chunk of clusters at a time (the arrays of a chunk stay in cache; no ``[C, W, K]``
-        temporary)."""
+        its compute times ``[rows, W]`` (when ``sums``), over rows ``todo`` of ``z_all`` (None: all
+        of them) at columns ``cols`` (None: as they are), a chunk of clusters at a time: the arrays
+        of a chunk stay in cache, and no ``[C, W, K]`` temporary is made. With ``mask``
+        ``[rows, K]``: only the sums, over the columns it holds."""
         rows, width, k = (len(z_all) if todo is None else len(todo)), z_all.shape[1], z_all.shape[2]
-        slowest, comp_sum = np.empty((rows, k)), np.empty((rows, width))
+        slowest = np.empty((rows, k)) if mask is None else None
+        comp_sum = np.empty((rows, width))
         step = chunk_rows(width, k)
         buf = self._chunk_buffer(min(step, rows) * width * k)
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             z = z_all[r0:r1] if todo is None else z_all[todo[r0:r1]]
+            if cols is not None:
+                z = np.take_along_axis(z, cols[r0:r1, None, :], axis=2)
             comp = _compute_times(z, cv[r0:r1], log_comp[r0:r1], buf[: z.size].reshape(z.shape))
+            if mask is not None:
+                np.where(mask[r0:r1, None, :], comp, 0.0).sum(axis=2, out=comp_sum[r0:r1])
+                continue
             comp.max(axis=1, out=slowest[r0:r1])
-            comp.sum(axis=2, out=comp_sum[r0:r1])
+            if sums:
+                comp.sum(axis=2, out=comp_sum[r0:r1])
         return slowest, comp_sum
 
     def _chunk_buffer(self, size: int) -> np.ndarray:

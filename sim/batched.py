@@ -291,7 +291,6 @@ class BatchedSimulator:
         with np.errstate(divide="ignore"):
             log_comp = np.where(alive, np.log(smooth), -np.inf) - off_cv[todo][:, None]
         jj = j[todo]
-        cvt = cv[todo]
         shifted = bool(jj.any())
         if shifted:  # later segments: iteration j of the interval is column 0
             cols = np.minimum(jj[:, None] + np.arange(k_iters), k_iters - 1)
@@ -301,33 +300,20 @@ class BatchedSimulator:
             every = len(todo) == len(jitter)  # every cluster of the step: no gather
             jit, lat = (jitter, latency) if every else (jitter[todo], latency[todo])
             cols, sel = None, None if every else todo
-        slowest, comp_sum = self._compute_pass(d.compute, sel, cvt, log_comp, cols, sums=not shifted)
         ring = 2 * (replicas - 1)
         sync = (base_sync / self.bandwidth[ci])[:, None] + ring[:, None] * lat
         sync *= jit
         sync[replicas <= 1] = 0.0
-        mx = np.maximum(slowest, sync)
-        g = gamma[:, None]
-        it = mx * ((slowest / mx) ** g + (sync / mx) ** g) ** (1.0 / g)
-        starts = np.empty_like(it)
-        starts[:, 0] = 0.0
-        np.cumsum(it[:, :-1], axis=1, out=starts[:, 1:])
-        starts += t[todo][:, None]
-        m = np.minimum((starts < self.next_t[ci][:, None]).sum(axis=1), k_iters - jj)
-        full = m == k_iters - jj
-        if full.all() and not shifted:
+        seg = _Segment(sync, gamma[:, None], t[todo], self.next_t[ci], k_iters - jj, shifted, self.width)
+        self._compute_pass(d.compute, sel, cols, cv[todo], log_comp, seg)
+        slowest, it, m, comp_sum = seg.slowest, seg.it, seg.m, seg.comp_sum
+        if seg.all_full:
             seg_time = it.sum(axis=1)
             slow_sum = slowest.sum(axis=1)
             comm = (it - slowest).sum(axis=1)
         else:
             mask = np.arange(k_iters) < m[:, None]
             seg_time = np.where(mask, it, 0.0).sum(axis=1)
-            # the rows cut short by an event (every row of a later segment, whose columns past its
-            # end repeat the last): their compute times again, summed over the segment's iterations
-            cut = np.arange(len(todo)) if shifted else np.flatnonzero(~full)
-            comp_sum[cut] = self._compute_pass(
-                d.compute, todo[cut], cvt[cut], log_comp[cut], None if cols is None else cols[cut], mask[cut]
-            )[1]
             slow_sum = np.where(mask, slowest, 0.0).sum(axis=1)
             comm = np.where(mask, it - slowest, 0.0).sum(axis=1)
         mf = m.astype(np.float64)[:, None]
@@ -356,32 +342,22 @@ class BatchedSimulator:
         t[todo] += seg_time
         j[todo] += m
 
-    def _compute_pass(
-        self, z_all, todo, cv, log_comp, cols=None, mask=None, sums: bool = True
-    ) -> tuple[np.ndarray | None, np.ndarray]:
-        """Per iteration the slowest worker's compute time ``[rows, K]`` and per worker the sum of
-        its compute times ``[rows, W]`` (when ``sums``), over rows ``todo`` of ``z_all`` (None: all
-        of them) at columns ``cols`` (None: as they are), a chunk of clusters at a time: the arrays
-        of a chunk stay in cache, and no ``[C, W, K]`` temporary is made. With ``mask``
-        ``[rows, K]``: only the sums, over the columns it holds."""
-        rows, width, k = (len(z_all) if todo is None else len(todo)), z_all.shape[1], z_all.shape[2]
-        slowest = np.empty((rows, k)) if mask is None else None
-        comp_sum = np.empty((rows, width))
+    def _compute_pass(self, z_all, sel, cols, cv, log_comp, seg: _Segment) -> None:
+        """The compute times of rows ``sel`` of ``z_all`` (None: all of them) at columns ``cols``
+        (None: as they are), their iteration times and where the segment ends, into ``seg``; a chunk
+        of clusters at a time, so that a chunk's ``[rows, W, K]`` arrays stay in cache and no such
+        array of the whole batch is made."""
+        rows = len(z_all) if sel is None else len(sel)
+        width, k = z_all.shape[1], z_all.shape[2]
         step = chunk_rows(width, k)
         buf = self._chunk_buffer(min(step, rows) * width * k)
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
-            z = z_all[r0:r1] if todo is None else z_all[todo[r0:r1]]
+            z = z_all[r0:r1] if sel is None else z_all[sel[r0:r1]]
             if cols is not None:
                 z = np.take_along_axis(z, cols[r0:r1, None, :], axis=2)
             comp = _compute_times(z, cv[r0:r1], log_comp[r0:r1], buf[: z.size].reshape(z.shape))
-            if mask is not None:
-                np.where(mask[r0:r1, None, :], comp, 0.0).sum(axis=2, out=comp_sum[r0:r1])
-                continue
-            comp.max(axis=1, out=slowest[r0:r1])
-            if sums:
-                comp.sum(axis=2, out=comp_sum[r0:r1])
-        return slowest, comp_sum
+            seg.chunk(r0, r1, comp)
 
     def _chunk_buffer(self, size: int) -> np.ndarray:
         if self._chunk is None or self._chunk.size < size:
@@ -524,6 +500,42 @@ def _compute_times(z, cv, log_comp, out=None) -> np.ndarray:
     comp = np.multiply(z, cv[:, None, None], out=out)
     comp += log_comp[:, :, None]
     return np.exp(comp, out=comp)
+
+
+class _Segment:
+    """One segment's per-iteration arrays, filled a chunk of rows at a time by
+    :meth:`BatchedSimulator._compute_pass`: the slowest worker's compute time, the iteration time
+    T_iter = smooth_max(T_slowest, T_sync, gamma) ``[rows, K]``, the iterations ``m`` that start
+    before the row's next event (at most ``limit``) and per worker the sum of its compute times
+    over those ``[rows, W]``."""
+
+    def __init__(self, sync, gamma, t0, next_t, limit, shifted: bool, width: int) -> None:
+        rows, k = sync.shape
+        self.sync, self.gamma, self.t0, self.next_t, self.limit = sync, gamma, t0, next_t, limit
+        self.shifted = shifted  # a later segment: columns past the row's end repeat its last one
+        self.slowest, self.it = np.empty((rows, k)), np.empty((rows, k))
+        self.m = np.empty(rows, dtype=np.int64)
+        self.comp_sum = np.empty((rows, width))
+        self.all_full = not shifted
+
+    def chunk(self, r0: int, r1: int, comp: np.ndarray) -> None:
+        slowest = comp.max(axis=1, out=self.slowest[r0:r1])
+        sync, g = self.sync[r0:r1], self.gamma[r0:r1]
+        mx = np.maximum(slowest, sync)
+        it = self.it[r0:r1]
+        np.multiply(mx, ((slowest / mx) ** g + (sync / mx) ** g) ** (1.0 / g), out=it)
+        starts = np.empty_like(it)
+        starts[:, 0] = 0.0
+        np.cumsum(it[:, :-1], axis=1, out=starts[:, 1:])
+        starts += self.t0[r0:r1, None]
+        limit = self.limit[r0:r1]
+        m = np.minimum((starts < self.next_t[r0:r1, None]).sum(axis=1), limit, out=self.m[r0:r1])
+        if not self.shifted and np.array_equal(m, limit):
+            comp.sum(axis=2, out=self.comp_sum[r0:r1])
+        else:
+            self.all_full = False
+            mask = np.arange(comp.shape[2]) < m[:, None]
+            np.where(mask[:, None, :], comp, 0.0).sum(axis=2, out=self.comp_sum[r0:r1])
 
 
 class _Sums:

@@ -33,6 +33,7 @@ from sim.batched_noise import BatchNoise, StreamNoise, batch_generator, chunk_ro
 from sim.batched_world import ConvergenceTables, WorldArrays
 from sim.engine import Simulator
 from sim.fault_timeline import FaultTimeline
+from sim.measurement import counters
 from sim.network import TCP_MSS_BYTES
 from sim.validation import check_choice, check_int
 
@@ -260,7 +261,7 @@ class BatchedSimulator:
         self._advance(idx, t, strict=True)
         self.t[idx] = t
         self.samples[idx] += acc.samples
-        return self._measure(idx, b, bf, k_iters, t - t_start, reconfig, acc, d)
+        return self._measure(idx, b, k_iters, t - t_start, reconfig, acc, d)
 
     def _segment(self, todo, ci, j, t, bf, acc, d, cv, off_cv, jitter, latency, k_iters) -> None:
         """The iterations of clusters ``todo`` (rows of this interval; ``ci`` their indices) from
@@ -364,26 +365,23 @@ class BatchedSimulator:
             self._chunk = np.empty(size)
         return self._chunk[:size]
 
-    def _measure(self, idx, b, bf, k_iters, interval_time, reconfig, acc, d) -> BatchReport:
+    def _measure(self, idx, b, k_iters, interval_time, reconfig, acc, d) -> BatchReport:
         w, conv = self.world, self.conv
         nw = w.num_workers[idx]
-        took_part = acc.iters_alive > 0
-        per = np.where(took_part, acc.iters_alive, 1.0)
-        train_time = np.maximum(acc.iter_time, 1e-12)[:, None]
-        wall = np.maximum(interval_time, 1e-12)[:, None]
-        meas = np.exp(w.meas_cv[idx][:, None, None] * d.meas)
-        zero = np.zeros_like(bf)
-        compute_time = np.where(took_part, acc.compute / per, 0.0)
-        idle_time = np.where(took_part, acc.idle / per, 0.0)
-        iteration_time = np.where(took_part, (acc.iter_time / k_iters)[:, None] * meas[:, 0], 0.0)
-        samples_per_s = b * acc.iters_alive / wall
-        net = acc.bytes_sent / wall * meas[:, 1]
+        measured = counters(
+            acc,
+            b,
+            k_iters,
+            interval_time,
+            np.exp(w.meas_cv[idx][:, None, None] * d.meas),
+            compute_on_host=w.compute_on_host[idx],
+            host_mem=(w.host_mem_fixed[idx], w.host_mem_per_sample[idx]),
+            gpu_mem=(w.gpu_mem_fixed[idx], w.gpu_mem_per_sample[idx]),
+        )
+        took_part = measured["alive"]
+        valid = w.valid[idx]
+        measured["gpu_mem_util"] = np.where(valid, measured["gpu_mem_util"], 0.0)
         retrans = self.noise.poisson(idx, acc.retrans_expected, nw)
-        host_busy = np.where(w.compute_on_host[idx][:, None], acc.host_busy + acc.gpu_busy, acc.host_busy)
-        cpu_util = np.clip((host_busy + acc.cpu_load) / train_time * meas[:, 2], 0.0, 1.0)
-        gpu_util = np.clip(acc.gpu_busy / train_time * meas[:, 3], 0.0, 1.0)
-        mem_util = np.clip((w.host_mem_fixed[idx] + w.host_mem_per_sample[idx] * b) * meas[:, 4], 0.0, 1.0)
-        gpu_mem_util = np.clip(w.gpu_mem_fixed[idx] + w.gpu_mem_per_sample[idx] * b, 0.0, 1.0)
 
         progress, memory = self.progress[idx], self.memory[idx]
         acc_val = conv.accuracy(idx, progress, memory)
@@ -430,18 +428,9 @@ class BatchedSimulator:
         }
         return BatchReport(
             idx=idx,
-            local_batch=np.where(w.valid[idx], b, 0),
-            alive=took_part,
-            iteration_time_s=iteration_time,
-            compute_time_s=compute_time,
-            idle_time_s=idle_time,
-            samples_per_s=samples_per_s,
-            net_bytes_per_s=net,
+            local_batch=np.where(valid, b, 0),
+            **measured,
             tcp_retransmissions=retrans,
-            cpu_util=cpu_util,
-            mem_util=mem_util,
-            gpu_util=gpu_util,
-            gpu_mem_util=np.where(w.valid[idx], gpu_mem_util, zero),
             batch_accuracy=batch_acc,
             batch_loss=batch_loss,
             grad_norm_mean=np.where(took_part, np.sqrt(scale) * mean_root, 0.0),

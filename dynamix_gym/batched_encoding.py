@@ -6,7 +6,7 @@ step many simulated clusters as arrays (:mod:`sim.batched`); encoding each clust
 time would cost more than the simulation. :class:`BatchedEncoder` and :func:`batched_reward` compute
 the same features and terms over arrays ``[clusters, workers]`` of a
 :class:`sim.batched.BatchReport` (padded workers masked out). The equations are those modules'
-(their docstrings hold them); ``tests/dynamix_gym/test_batched_vector.py`` checks the results
+(their docstrings hold them); ``tests/dynamix_gym/envs/test_batched_vector.py`` checks the results
 against them cluster by cluster.
 """
 

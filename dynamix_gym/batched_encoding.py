@@ -6,7 +6,7 @@ step many simulated clusters as arrays (:mod:`sim.batched`); encoding each clust
 time would cost more than the simulation. :class:`BatchedEncoder` and :func:`batched_reward` compute
 the same features and terms over arrays ``[clusters, workers]`` of a
 :class:`sim.batched.BatchReport` (padded workers masked out). The equations are those modules'
-(their docstrings hold them); ``tests/dynamix_gym/test_batched_vector.py`` checks the results
+(their docstrings hold them); ``tests/dynamix_gym/envs/test_batched_vector.py`` checks the results
 against them cluster by cluster.
 """
 
@@ -144,18 +144,18 @@ class BatchedEncoder:
         b = np.where(valid, r.local_batch, 1).astype(np.float64)
         it = np.maximum(r.iteration_time_s, 1e-9)
         comp = np.maximum(r.compute_time_s, 1e-9)
-        raw = np.empty((len(rows), b.shape[1], _FW))
-        raw[:, :, 0] = np.log10(np.maximum(r.net_bytes_per_s * 1e-6 + 1.0, 0.0))
-        raw[:, :, 1] = np.log10(np.maximum(r.tcp_retransmissions / interval[:, None] + 1.0, 0.0))
-        raw[:, :, 2], raw[:, :, 3] = r.cpu_util, r.mem_util
-        raw[:, :, 4], raw[:, :, 5] = np.log10(it), np.log10(comp)
+        raw = np.empty((_FW, len(rows), b.shape[1]))  # feature-major: each write contiguous
+        raw[0] = np.log10(np.maximum(r.net_bytes_per_s * 1e-6 + 1.0, 0.0))
+        raw[1] = np.log10(np.maximum(r.tcp_retransmissions / interval[:, None] + 1.0, 0.0))
+        raw[2], raw[3] = r.cpu_util, r.mem_util
+        raw[4], raw[5] = np.log10(it), np.log10(comp)
         idle_frac = r.idle_time_s / it
         log_b = np.log2(b)
-        raw[:, :, 6], raw[:, :, 7] = idle_frac, log_b
-        raw[:, :, 8] = r.batch_accuracy
-        raw[:, :, 9] = r.batch_accuracy - old_batch
-        raw[:, :, 10] = np.log10(np.maximum(r.grad_norm_mean, 1e-12))
-        raw[:, :, 11] = np.log10(np.maximum(r.grad_norm_var + 1e-12, 0.0))
+        raw[6], raw[7] = idle_frac, log_b
+        raw[8] = r.batch_accuracy
+        raw[9] = r.batch_accuracy - old_batch
+        raw[10] = np.log10(np.maximum(r.grad_norm_mean, 1e-12))
+        raw[11] = np.log10(np.maximum(r.grad_norm_var + 1e-12, 0.0))
         rate = b / comp
         any_live = n_live > 0
         mean_b = np.where(any_live, _masked_mean(b, live, n_live), 1.0)
@@ -163,17 +163,17 @@ class BatchedEncoder:
         slowest = np.where(any_live, np.where(live, comp, -np.inf).max(axis=1), 1.0)
         iter_mean = np.where(any_live, _masked_mean(it, live, n_live), 1.0)
         mean_idle = np.where(any_live, _masked_mean(idle_frac, live, n_live), 0.0)
-        raw[:, :, 12] = comp / slowest[:, None]
-        raw[:, :, 13] = log_b - np.log2(np.maximum(mean_b, 1e-12))[:, None]
-        raw[:, :, 14] = np.log2(rate) - np.log2(np.maximum(mean_rate, 1e-12))[:, None]
-        raw[:, :, 15] = self.log2_max[rows] - log_b
-        raw[:, :, 16] = log_b - self.log2_min[rows]
-        raw[:, :, 17], raw[:, :, 18] = r.gpu_util, live
+        raw[12] = comp / slowest[:, None]
+        raw[13] = log_b - np.log2(np.maximum(mean_b, 1e-12))[:, None]
+        raw[14] = np.log2(rate) - np.log2(np.maximum(mean_rate, 1e-12))[:, None]
+        raw[15] = self.log2_max[rows] - log_b
+        raw[16] = log_b - self.log2_min[rows]
+        raw[17], raw[18] = r.gpu_util, live
         dead = ~live
         if dead.any():
-            raw[:, :, 6][dead] = 0.0
-            raw[:, :, 12][dead] = 0.0
-            raw[:, :, 14][dead] = _SPEED_RATIO_DEAD
+            raw[6][dead] = 0.0
+            raw[12][dead] = 0.0
+            raw[14][dead] = _SPEED_RATIO_DEAD
 
         m = np.maximum(r.global_batch, 1).astype(np.float64)
         base = self.base_batch[rows]
@@ -192,14 +192,16 @@ class BatchedEncoder:
         glob[:, 10] = mean_idle
         glob[:, 11] = np.log2(np.maximum(n_live, 1))
         glob[:, 12] = np.log10(interval)
-        np.clip(raw, _W_LOW, _W_HIGH, out=raw)
-        raw *= self._w_scale
-        raw += self._w_offset
+        np.clip(raw, _W_LOW[:, None, None], _W_HIGH[:, None, None], out=raw)
+        raw *= self._w_scale[:, None, None]
+        raw += self._w_offset[:, None, None]
         np.clip(glob, _G_LOW, _G_HIGH, out=glob)
         glob *= self._g_scale
         glob += self._g_offset
-        raw[~valid] = 0.0
-        return raw.astype(np.float32), glob.astype(np.float32)
+        raw[:, ~valid] = 0.0
+        worker = np.empty((len(rows), b.shape[1], _FW), dtype=np.float32)
+        worker[...] = raw.transpose(1, 2, 0)
+        return worker, glob.astype(np.float32)
 
 
 def batched_reward(

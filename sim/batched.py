@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.batched_noise import BatchNoise, StreamNoise, batch_generator
+from sim.batched_noise import BatchNoise, StreamNoise, batch_generator, chunk_rows
 from sim.batched_world import ConvergenceTables, WorldArrays
 from sim.engine import Simulator
 from sim.fault_timeline import FaultTimeline
+from sim.measurement import counters
 from sim.network import TCP_MSS_BYTES
 from sim.validation import check_choice, check_int
 
@@ -126,6 +127,7 @@ class BatchedSimulator:
         self.log_cursor = f(c, dtype=np.int64)
         self.log_end = f(c, dtype=np.int64)  # fault-log lines after the events processed
         self.started = f(c, dtype=bool)
+        self._chunk: np.ndarray | None = None  # scratch of one chunk of compute times
         for i, sim in enumerate(worlds):
             self.set_world(i, sim)
 
@@ -259,7 +261,7 @@ class BatchedSimulator:
         self._advance(idx, t, strict=True)
         self.t[idx] = t
         self.samples[idx] += acc.samples
-        return self._measure(idx, b, bf, k_iters, t - t_start, reconfig, acc, d)
+        return self._measure(idx, b, k_iters, t - t_start, reconfig, acc, d)
 
     def _segment(self, todo, ci, j, t, bf, acc, d, cv, off_cv, jitter, latency, k_iters) -> None:
         """The iterations of clusters ``todo`` (rows of this interval; ``ci`` their indices) from
@@ -293,38 +295,26 @@ class BatchedSimulator:
         shifted = bool(jj.any())
         if shifted:  # later segments: iteration j of the interval is column 0
             cols = np.minimum(jj[:, None] + np.arange(k_iters), k_iters - 1)
-            z = np.take_along_axis(d.compute[todo], cols[:, None, :], axis=2)
             jit, lat = np.take_along_axis(jitter[todo], cols, 1), np.take_along_axis(latency[todo], cols, 1)
-        elif len(todo) == len(jitter):  # every cluster of the step: no gather
-            z, jit, lat = d.compute, jitter, latency
+            sel = todo
         else:
-            z, jit, lat = d.compute[todo], jitter[todo], latency[todo]
-        comp = z * cv[todo][:, None, None]
-        comp += log_comp[:, :, None]
-        np.exp(comp, out=comp)
-        slowest = comp.max(axis=1)
+            every = len(todo) == len(jitter)  # every cluster of the step: no gather
+            jit, lat = (jitter, latency) if every else (jitter[todo], latency[todo])
+            cols, sel = None, None if every else todo
         ring = 2 * (replicas - 1)
         sync = (base_sync / self.bandwidth[ci])[:, None] + ring[:, None] * lat
         sync *= jit
         sync[replicas <= 1] = 0.0
-        mx = np.maximum(slowest, sync)
-        g = gamma[:, None]
-        it = mx * ((slowest / mx) ** g + (sync / mx) ** g) ** (1.0 / g)
-        starts = np.empty_like(it)
-        starts[:, 0] = 0.0
-        np.cumsum(it[:, :-1], axis=1, out=starts[:, 1:])
-        starts += t[todo][:, None]
-        m = np.minimum((starts < self.next_t[ci][:, None]).sum(axis=1), k_iters - jj)
-        full = m == k_iters - jj
-        if full.all() and not shifted:
+        seg = _Segment(sync, gamma[:, None], t[todo], self.next_t[ci], k_iters - jj, shifted, self.width)
+        self._compute_pass(d.compute, sel, cols, cv[todo], log_comp, seg)
+        slowest, it, m, comp_sum = seg.slowest, seg.it, seg.m, seg.comp_sum
+        if seg.all_full:
             seg_time = it.sum(axis=1)
-            comp_sum = comp.sum(axis=2)
             slow_sum = slowest.sum(axis=1)
             comm = (it - slowest).sum(axis=1)
         else:
             mask = np.arange(k_iters) < m[:, None]
             seg_time = np.where(mask, it, 0.0).sum(axis=1)
-            comp_sum = np.where(mask[:, None, :], comp, 0.0).sum(axis=2)
             slow_sum = np.where(mask, slowest, 0.0).sum(axis=1)
             comm = np.where(mask, it - slowest, 0.0).sum(axis=1)
         mf = m.astype(np.float64)[:, None]
@@ -353,26 +343,45 @@ class BatchedSimulator:
         t[todo] += seg_time
         j[todo] += m
 
-    def _measure(self, idx, b, bf, k_iters, interval_time, reconfig, acc, d) -> BatchReport:
+    def _compute_pass(self, z_all, sel, cols, cv, log_comp, seg: _Segment) -> None:
+        """The compute times of rows ``sel`` of ``z_all`` (None: all of them) at columns ``cols``
+        (None: as they are), their iteration times and where the segment ends, into ``seg``; a chunk
+        of clusters at a time, so that a chunk's ``[rows, W, K]`` arrays stay in cache and no such
+        array of the whole batch is made."""
+        rows = len(z_all) if sel is None else len(sel)
+        width, k = z_all.shape[1], z_all.shape[2]
+        step = chunk_rows(width, k)
+        buf = self._chunk_buffer(min(step, rows) * width * k)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            z = z_all[r0:r1] if sel is None else z_all[sel[r0:r1]]
+            if cols is not None:
+                z = np.take_along_axis(z, cols[r0:r1, None, :], axis=2)
+            comp = _compute_times(z, cv[r0:r1], log_comp[r0:r1], buf[: z.size].reshape(z.shape))
+            seg.chunk(r0, r1, comp)
+
+    def _chunk_buffer(self, size: int) -> np.ndarray:
+        if self._chunk is None or self._chunk.size < size:
+            self._chunk = np.empty(size)
+        return self._chunk[:size]
+
+    def _measure(self, idx, b, k_iters, interval_time, reconfig, acc, d) -> BatchReport:
         w, conv = self.world, self.conv
         nw = w.num_workers[idx]
-        took_part = acc.iters_alive > 0
-        per = np.where(took_part, acc.iters_alive, 1.0)
-        train_time = np.maximum(acc.iter_time, 1e-12)[:, None]
-        wall = np.maximum(interval_time, 1e-12)[:, None]
-        meas = np.exp(w.meas_cv[idx][:, None, None] * d.meas)
-        zero = np.zeros_like(bf)
-        compute_time = np.where(took_part, acc.compute / per, 0.0)
-        idle_time = np.where(took_part, acc.idle / per, 0.0)
-        iteration_time = np.where(took_part, (acc.iter_time / k_iters)[:, None] * meas[:, 0], 0.0)
-        samples_per_s = b * acc.iters_alive / wall
-        net = acc.bytes_sent / wall * meas[:, 1]
+        measured = counters(
+            acc,
+            b,
+            k_iters,
+            interval_time,
+            np.exp(w.meas_cv[idx][:, None, None] * d.meas),
+            compute_on_host=w.compute_on_host[idx],
+            host_mem=(w.host_mem_fixed[idx], w.host_mem_per_sample[idx]),
+            gpu_mem=(w.gpu_mem_fixed[idx], w.gpu_mem_per_sample[idx]),
+        )
+        took_part = measured["alive"]
+        valid = w.valid[idx]
+        measured["gpu_mem_util"] = np.where(valid, measured["gpu_mem_util"], 0.0)
         retrans = self.noise.poisson(idx, acc.retrans_expected, nw)
-        host_busy = np.where(w.compute_on_host[idx][:, None], acc.host_busy + acc.gpu_busy, acc.host_busy)
-        cpu_util = np.clip((host_busy + acc.cpu_load) / train_time * meas[:, 2], 0.0, 1.0)
-        gpu_util = np.clip(acc.gpu_busy / train_time * meas[:, 3], 0.0, 1.0)
-        mem_util = np.clip((w.host_mem_fixed[idx] + w.host_mem_per_sample[idx] * b) * meas[:, 4], 0.0, 1.0)
-        gpu_mem_util = np.clip(w.gpu_mem_fixed[idx] + w.gpu_mem_per_sample[idx] * b, 0.0, 1.0)
 
         progress, memory = self.progress[idx], self.memory[idx]
         acc_val = conv.accuracy(idx, progress, memory)
@@ -394,8 +403,7 @@ class BatchedSimulator:
         g2, v = conv.grad_stats(idx, progress)
         m0 = conv.base_batch[idx]
         scale = g2[:, None] + (v * m0)[:, None] / b
-        root = np.sqrt(d.grad)
-        mean_g, mean_root = d.grad.mean(axis=2), root.mean(axis=2)
+        mean_g, mean_root = d.grad_mean, d.grad_root_mean
         var_root = np.maximum(mean_g - mean_root**2, 0.0)
         gb = np.maximum(acc.global_batch, 1)
         global_sqr = (g2 + v * m0 / gb) * d.grad_global
@@ -420,18 +428,9 @@ class BatchedSimulator:
         }
         return BatchReport(
             idx=idx,
-            local_batch=np.where(w.valid[idx], b, 0),
-            alive=took_part,
-            iteration_time_s=iteration_time,
-            compute_time_s=compute_time,
-            idle_time_s=idle_time,
-            samples_per_s=samples_per_s,
-            net_bytes_per_s=net,
+            local_batch=np.where(valid, b, 0),
+            **measured,
             tcp_retransmissions=retrans,
-            cpu_util=cpu_util,
-            mem_util=mem_util,
-            gpu_util=gpu_util,
-            gpu_mem_util=np.where(w.valid[idx], gpu_mem_util, zero),
             batch_accuracy=batch_acc,
             batch_loss=batch_loss,
             grad_norm_mean=np.where(took_part, np.sqrt(scale) * mean_root, 0.0),
@@ -482,6 +481,50 @@ _PER_WORKER = ("local_batch", "alive", "iteration_time_s", "compute_time_s", "id
                "batch_accuracy", "batch_loss", "grad_norm_mean", "grad_norm_var", "local_grad_sqr")  # fmt: skip
 _GLOBAL_FLOAT = ("interval_time_s", "wall_time_s", "reconfig_time_s", "comm_time_s", "global_grad_sqr",
                  "val_accuracy", "val_loss", "epoch")  # fmt: skip
+
+
+def _compute_times(z, cv, log_comp, out=None) -> np.ndarray:
+    """T_compute = exp(cv z + ln T_mean - cv^2 / 2) ``[rows, W, K]`` (``log_comp`` holds the last
+    two terms; dead workers -inf), into ``out`` when given."""
+    comp = np.multiply(z, cv[:, None, None], out=out)
+    comp += log_comp[:, :, None]
+    return np.exp(comp, out=comp)
+
+
+class _Segment:
+    """One segment's per-iteration arrays, filled a chunk of rows at a time by
+    :meth:`BatchedSimulator._compute_pass`: the slowest worker's compute time, the iteration time
+    T_iter = smooth_max(T_slowest, T_sync, gamma) ``[rows, K]``, the iterations ``m`` that start
+    before the row's next event (at most ``limit``) and per worker the sum of its compute times
+    over those ``[rows, W]``."""
+
+    def __init__(self, sync, gamma, t0, next_t, limit, shifted: bool, width: int) -> None:
+        rows, k = sync.shape
+        self.sync, self.gamma, self.t0, self.next_t, self.limit = sync, gamma, t0, next_t, limit
+        self.shifted = shifted  # a later segment: columns past the row's end repeat its last one
+        self.slowest, self.it = np.empty((rows, k)), np.empty((rows, k))
+        self.m = np.empty(rows, dtype=np.int64)
+        self.comp_sum = np.empty((rows, width))
+        self.all_full = not shifted
+
+    def chunk(self, r0: int, r1: int, comp: np.ndarray) -> None:
+        slowest = comp.max(axis=1, out=self.slowest[r0:r1])
+        sync, g = self.sync[r0:r1], self.gamma[r0:r1]
+        mx = np.maximum(slowest, sync)
+        it = self.it[r0:r1]
+        np.multiply(mx, ((slowest / mx) ** g + (sync / mx) ** g) ** (1.0 / g), out=it)
+        starts = np.empty_like(it)
+        starts[:, 0] = 0.0
+        np.cumsum(it[:, :-1], axis=1, out=starts[:, 1:])
+        starts += self.t0[r0:r1, None]
+        limit = self.limit[r0:r1]
+        m = np.minimum((starts < self.next_t[r0:r1, None]).sum(axis=1), limit, out=self.m[r0:r1])
+        if not self.shifted and np.array_equal(m, limit):
+            comp.sum(axis=2, out=self.comp_sum[r0:r1])
+        else:
+            self.all_full = False
+            mask = np.arange(comp.shape[2]) < m[:, None]
+            np.where(mask[:, None, :], comp, 0.0).sum(axis=2, out=self.comp_sum[r0:r1])
 
 
 class _Sums:

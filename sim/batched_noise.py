@@ -6,7 +6,9 @@ normals, sync jitter K normals, K unit exponentials of latency, (K + 1, n) gamma
 (5, n) normals of measurement noise, n + 1 normals of accuracy noise; then, when it measures, the
 Poisson count of TCP retransmissions. The two sources here hand :class:`sim.batched.BatchedSimulator`
 those draws as padded arrays ``[clusters, workers, K]`` (``[clusters, K]``, ``[clusters, workers]``;
-iterations last, so that the reductions over workers run across contiguous rows):
+iterations last, so that the reductions over workers run across contiguous rows), the gamma factors
+already reduced to what the report reads of them: per worker their mean over the K iterations and
+the mean of their square roots (``[clusters, workers]``):
 
 * :class:`StreamNoise` makes exactly those calls on each cluster's own stream: the batched engine
   then reproduces the SimPy engine's reports (the equivalence test of ``tests/sim/test_batched.py``).
@@ -21,11 +23,22 @@ The fault processes never draw from either: their stream is the cluster's own in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from sim.batched_world import GRAD_GAMMA
+
+#: Elements (float64) of one chunk of a per-iteration array ``[clusters, workers, K]`` that the
+#: batched engine works on at a time: 512 KiB, so that the passes over a chunk stay in a core's L2
+#: cache (on 256 clusters of 64 workers a whole array is 6.5 MiB and each pass goes to memory).
+CHUNK_ELEMENTS = 1 << 16
+
+
+def chunk_rows(width: int, iterations: int) -> int:
+    """Clusters per chunk of a ``[clusters, width, iterations]`` array (at least one)."""
+    return max(1, CHUNK_ELEMENTS // (width * iterations))
 
 
 @dataclass
@@ -35,7 +48,8 @@ class Draws:
     compute: np.ndarray  # [C, W, K] standard normals of compute noise
     sync: np.ndarray  # [C, K] standard normals of the sync jitter
     latency: np.ndarray  # [C, K] unit exponentials of ring latency
-    grad: np.ndarray  # [C, W, K] gamma factors of each worker's |g|^2
+    grad_mean: np.ndarray  # [C, W] mean over the K iterations of each worker's gamma factors of |g|^2
+    grad_root_mean: np.ndarray  # [C, W] mean over the K iterations of their square roots
     grad_global: np.ndarray  # [C] mean over the cluster's workers of the all-reduced gradient's factors
     meas: np.ndarray  # [C, 5, W] standard normals of the counters' measurement noise
     batch_normal: np.ndarray  # [C, W] standard normals of the batch accuracies
@@ -60,7 +74,8 @@ class StreamNoise:
             compute=np.zeros((c, width, k)),
             sync=np.empty((c, k)),
             latency=np.empty((c, k)),
-            grad=np.ones((c, width, k)),
+            grad_mean=np.ones((c, width)),
+            grad_root_mean=np.ones((c, width)),
             grad_global=np.empty(c),
             meas=np.zeros((c, 5, width)),
             batch_normal=np.zeros((c, width)),
@@ -73,7 +88,8 @@ class StreamNoise:
             out.sync[row] = rng.standard_normal(k)
             out.latency[row] = rng.exponential(1.0, k)
             g = rng.gamma(shape, scale, (k + 1, n))
-            out.grad[row, :n] = g[:k].T
+            out.grad_mean[row, :n] = g[:k].mean(axis=0)
+            out.grad_root_mean[row, :n] = np.sqrt(g[:k]).mean(axis=0)
             out.grad_global[row] = g[k].mean()
             out.meas[row, :, :n] = rng.standard_normal((5, n))
             z = rng.standard_normal(n + 1)
@@ -96,39 +112,66 @@ def batch_generator(seed: int | None) -> np.random.Generator:
 
 
 class BatchNoise:
-    """One generator for the whole batch: one call per draw kind and interval."""
+    """One generator for the whole batch: one call per draw kind and interval (the gamma factors in
+    chunks of clusters, reduced to their means while the chunk is in cache). The compute normals land
+    in a buffer that the next draw overwrites: :class:`Draws` lives for one interval."""
 
     exact = False
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
+        self._buffers: dict[str, np.ndarray] = {}
 
     def start(self, i: int, stream: np.random.Generator) -> None:
         """Nothing to do: every cluster draws from the batch's generator."""
 
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self._buffers[name] = np.empty(size)
+        return buf[:size].reshape(shape)
+
     def draw(self, idx: np.ndarray, iterations: int, num_workers: np.ndarray, width: int) -> Draws:
         rng, c, k = self.rng, len(idx), iterations
         shape, scale = GRAD_GAMMA
-        grad = rng.gamma(shape, scale, (c, width, k + 1))
-        last = grad[:, :, k]
+        compute = self._buffer("compute", (c, width, k))
+        rng.standard_normal(out=compute)
+        # |g|^2 factors: Gamma(shape, scale) = scale * standard gamma; per worker the mean over the
+        # K iterations and the mean of their square roots are all that the report reads.
+        grad_mean, grad_root_mean = np.empty((c, width)), np.empty((c, width))
+        step = chunk_rows(width, k)
+        gam = self._buffer("gamma", (min(step, c), width, k))
+        root = self._buffer("root", gam.shape)
+        for r0 in range(0, c, step):
+            n = min(step, c - r0)
+            g, r = gam[:n], root[:n]
+            rng.standard_gamma(shape, out=g)
+            np.sqrt(g, out=r)
+            np.add.reduce(g, axis=2, out=grad_mean[r0 : r0 + n])
+            np.add.reduce(r, axis=2, out=grad_root_mean[r0 : r0 + n])
+        grad_mean *= scale / k
+        grad_root_mean *= math.sqrt(scale) / k
+        last = rng.gamma(shape, scale, (c, width))
         if np.all(num_workers == width):
             grad_global = last.mean(axis=1)
         else:
             valid = np.arange(width) < num_workers[:, None]
             grad_global = np.where(valid, last, 0.0).sum(axis=1) / num_workers
-        z = rng.standard_normal(c * (k * (width + 1) + 6 * width + 1))
-        o1, o2 = c * k * width, c * k * (width + 1)
-        o3 = o2 + c * 5 * width
-        o4 = o3 + c * width
+        z = rng.standard_normal(c * (k + 6 * width + 1))
+        o1 = c * k
+        o2 = o1 + c * 5 * width
+        o3 = o2 + c * width
         return Draws(
-            compute=z[:o1].reshape(c, width, k),
-            sync=z[o1:o2].reshape(c, k),
+            compute=compute,
+            sync=z[:o1].reshape(c, k),
             latency=rng.standard_exponential((c, k)),
-            grad=grad[:, :, :k],
+            grad_mean=grad_mean,
+            grad_root_mean=grad_root_mean,
             grad_global=grad_global,
-            meas=z[o2:o3].reshape(c, 5, width),
-            batch_normal=z[o3:o4].reshape(c, width),
-            val_normal=z[o4:],
+            meas=z[o1:o2].reshape(c, 5, width),
+            batch_normal=z[o2:o3].reshape(c, width),
+            val_normal=z[o3:],
         )
 
     def poisson(self, idx: np.ndarray, lam: np.ndarray, num_workers: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import ComputeParams, smooth_max
 from sim.instability import InstabilityModel, InstabilityParams
+from sim.measurement import counters
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.protocol import IntervalReport
@@ -484,22 +485,18 @@ class Simulator:
         self, b: np.ndarray, k_iters: int, interval_time: float, reconfig: float, acc: _Sums, noise: _Draws
     ) -> IntervalReport:
         rng, st, conv, wl = self._rng, self._state, self.convergence, self.workload
-        took_part = acc.iters_alive > 0
-        per = np.where(took_part, acc.iters_alive, 1.0)
-        train_time = max(acc.iter_time, 1e-12)
-        wall = max(interval_time, 1e-12)
-        meas = noise.meas
-        compute_time = np.where(took_part, acc.compute / per, 0.0)
-        idle_time = np.where(took_part, acc.idle / per, 0.0)
-        iteration_time = np.where(took_part, acc.iter_time / k_iters * meas[0], 0.0)
-        samples_per_s = b * acc.iters_alive / wall
-        net = acc.bytes_sent / wall * meas[1]
+        measured = counters(
+            acc,
+            b,
+            k_iters,
+            interval_time,
+            noise.meas,
+            compute_on_host=self.compute_on_host,
+            host_mem=(self._host_mem_fixed, self._host_mem_per_sample),
+            gpu_mem=(self._gpu_mem_fixed, self._gpu_mem_per_sample),
+        )
+        took_part = measured["alive"]
         retrans = rng.poisson(acc.retrans_expected).astype(np.float64)
-        host_busy = acc.host_busy + acc.gpu_busy if self.compute_on_host else acc.host_busy
-        cpu_util = np.clip((host_busy + acc.cpu_load) / train_time * meas[2], 0.0, 1.0)
-        gpu_util = np.clip(acc.gpu_busy / train_time * meas[3], 0.0, 1.0)
-        mem_util = np.clip((self._host_mem_fixed + self._host_mem_per_sample * b) * meas[4], 0.0, 1.0)
-        gpu_mem_util = np.clip(self._gpu_mem_fixed + self._gpu_mem_per_sample * b, 0.0, 1.0)
 
         # Accuracy of training batches (binomial noise over the samples seen) and on validation.
         progress, memory = self._progress, self._batch_memory
@@ -539,17 +536,8 @@ class Simulator:
         }  # plain values; the noise-free models are asked through the backend's ground_truth handle
         return IntervalReport(
             local_batch=b.copy(),
-            alive=took_part,
-            iteration_time_s=iteration_time,
-            compute_time_s=compute_time,
-            idle_time_s=idle_time,
-            samples_per_s=samples_per_s,
-            net_bytes_per_s=net,
+            **measured,
             tcp_retransmissions=retrans,
-            cpu_util=cpu_util,
-            mem_util=mem_util,
-            gpu_util=gpu_util,
-            gpu_mem_util=gpu_mem_util,
             batch_accuracy=batch_acc,
             batch_loss=batch_loss,
             grad_norm_mean=np.where(took_part, norms.mean(axis=0), 0.0),

@@ -13,7 +13,10 @@ def test_measure_reports_each_batch_size_with_memory_and_plots(tmp_path):
     for r in res["rows"]:
         assert r["batched_steps_per_s"] > 0 and r["peak_mib"] > 0
         assert r["speedup"] == r["batched_steps_per_s"] / res["per_cluster_steps_per_s"]
+        assert r["speedup_cpu"] == r["batched_steps_per_s_cpu"] / res["per_cluster_steps_per_s_cpu"]
+        assert r["draws_bound_speedup_cpu"] == r["draws_steps_per_s_cpu"] / res["per_cluster_steps_per_s_cpu"]
+        assert r["draws_steps_per_s_cpu"] > 0 and "rss_growth_mib" in r
     assert res["rows"][0]["stream_steps_per_s"] is None and res["rows"][1]["stream_steps_per_s"] > 0
     assert res["rows"][1]["peak_mib"] > res["rows"][0]["peak_mib"]  # three clusters hold more than one
-    bench_batched.plot([{"scenario": "mixed", **res}], tmp_path / "batched.png")
+    bench_batched.plot([{"scenario": "mixed", **res}], tmp_path / "batched.png", {4: 10})
     assert (tmp_path / "batched.png").stat().st_size > 1000

@@ -207,6 +207,37 @@ def test_drawing_the_timeline_in_other_chunks_changes_nothing(monkeypatch):
     assert len(_log(a, 0)) > 10
 
 
+def _batch_reports(worlds, intervals):
+    _, batch = _pair(worlds, noise="batch")
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(intervals):
+        b = np.ones((len(worlds), batch.width), dtype=np.int64)
+        for i, w in enumerate(batch.world.sims):
+            b[i, : w.num_workers] = rng.integers(w.min_batch, w.max_batch + 1)
+        out.append(batch.run_interval(b, K))
+    return out
+
+
+def test_working_the_batch_in_other_chunks_changes_nothing(monkeypatch):
+    """One cluster per chunk: still the SimPy engine's reports (own streams), and with the batch's
+    stream the very same numbers as in whole-batch chunks (the draws are consumed in one order)."""
+    worlds = _worlds(("mixed", "loss_rejoin", "short_throttles"), (4, 16))
+    whole = _batch_reports(worlds, 25)
+    assert batched_noise.chunk_rows(16, K) >= len(worlds)  # the default: the batch is one chunk
+    monkeypatch.setattr(batched_noise, "CHUNK_ELEMENTS", 1)
+    assert batched_noise.chunk_rows(16, K) == 1
+    found, _, _ = run_both(worlds, "random", intervals=40)
+    assert not found, found[:3]
+    for a, b in zip(whole, _batch_reports(worlds, 25), strict=True):
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if f.name == "truth":
+                assert all(np.array_equal(x[k], y[k]) for k in x)
+            else:
+                assert np.array_equal(x, y), f.name
+
+
 def test_batch_noise_keeps_the_fault_timelines_and_the_noise_law():
     worlds = [("static_hetero", 8, "cifar10")] * 96 + [("mixed", 8, "cifar10")] * 8
     refs, batch = _pair(worlds, noise="batch")

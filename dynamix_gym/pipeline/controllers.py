@@ -17,6 +17,18 @@ from dynamix_gym.pipeline.forest import DEFAULT_FOREST, StageFeatures, StagePred
 from dynamix_gym.pipeline.planner import dynpipe_plan, pipedream_partition, plan_cost_s, profile
 
 
+def dynpipe_start(env, seed: int) -> dict[str, Any]:
+    """DynPipe's start plan of the episode ``seed``: T(S) x W(S) over the stage counts, PipeDream's
+    DP for the partition, the middle micro-batch count (also the policy's warm start)."""
+    m = env.micro_batch_set[len(env.micro_batch_set) // 2]
+    base = env.simulator_for(seed)
+    S, sizes, _ = dynpipe_plan(
+        lambda k: env.simulator_for(seed, stages=k), base.cluster.num_workers, base.model.num_blocks, m,
+        env.max_stages,
+    )  # fmt: skip
+    return {"stages": S, "sizes": sizes, "micro_batches": m}
+
+
 class PipelineController:
     name: ClassVar[str] = "base"
     uses_truth: ClassVar[bool] = False
@@ -92,13 +104,7 @@ class DynPipeController(PipelineController):
         )
 
     def start_options(self, env, seed: int) -> dict[str, Any]:
-        m = env.micro_batch_set[len(env.micro_batch_set) // 2]
-        base = env.simulator_for(seed)
-        S, sizes, _ = dynpipe_plan(
-            lambda k: env.simulator_for(seed, stages=k), base.cluster.num_workers, base.model.num_blocks, m,
-            env.max_stages,
-        )  # fmt: skip
-        return {"stages": S, "sizes": sizes, "micro_batches": m}
+        return dynpipe_start(env, seed)
 
     def reset(self, env) -> None:
         super().reset(env)

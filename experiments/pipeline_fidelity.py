@@ -9,8 +9,9 @@ then ``steps`` measured (each stage's forward and backward per micro-batch, the 
 
 Calibration (the ``calibrate`` plans, never the held-out ones):
 
-    block times   stage s's measured forward (backward) = sum of its blocks' -> non-negative least
-                  squares (scipy.optimize.nnls) for the per-block table
+    block times   stage s's measured forward (backward) = sum of its blocks', each block's
+                  c0 + c1 * its GFLOPs (a per-block overhead and a rate) -> non-negative least
+                  squares (scipy.optimize.nnls) for c0, c1, hence the per-block table
     link          (bandwidth, latency) of a send minimising the squared log error of the twin's
                   1F1B iteration time against the measured (scipy.optimize.least_squares)
     pause         the median measured restart between plans (stop, state by name, start)
@@ -34,7 +35,7 @@ from omegaconf import DictConfig
 from scipy.optimize import least_squares, nnls
 
 from adapters.real_pipeline.ranks import StagePool
-from adapters.real_pipeline.twin import RealJob, cpu_cluster, twin_model, twin_simulator
+from adapters.real_pipeline.twin import RealJob, cpu_cluster, digits_blocks, twin_model, twin_simulator
 from experiments.common import REPO_ROOT, atomic_write_text, hydra_app, plain
 from sim.pipeline.partition import bounds
 
@@ -78,17 +79,20 @@ def measure_plans(job: RealJob, plans: list[dict], cfg: DictConfig) -> tuple[lis
     return rows, pauses
 
 
-def fit_blocks(rows: list[dict], n: int, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block seconds whose stage sums fit the rows' measured ``key`` (slow-down divided out)."""
+def fit_blocks(rows: list[dict], job: RealJob, key: str) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """Per-block seconds t_i = c0 + c1 * GFLOPs_i (non-negative c0, c1) whose stage sums fit the
+    rows' measured ``key`` (the slow-down divided out); the blocks, the stage fits' relative errors
+    and (c0, c1)."""
+    gflops = np.array([b.fwd_gflops for b in digits_blocks(job)])
     a, y = [], []
     for r in rows:
         b = bounds(r["sizes"])
         for s in range(len(r["sizes"])):
-            a.append([1.0 if b[s] <= i < b[s + 1] else 0.0 for i in range(n)])
+            a.append([b[s + 1] - b[s], gflops[b[s] : b[s + 1]].sum()])
             y.append(r[key][s] / r["slowdown"][s])
-    a, y = np.array(a), np.array(y)
-    x, _ = nnls(a, y)
-    return x, (a @ x - y) / y
+    a, y = np.array(a, dtype=np.float64), np.array(y)
+    coef, _ = nnls(a, y)
+    return coef[0] + coef[1] * gflops, (a @ coef - y) / y, coef.tolist()
 
 
 def calibration_of(job: RealJob, blocks_f: np.ndarray, blocks_b: np.ndarray, link, pause: float) -> dict:
@@ -127,10 +131,19 @@ def run(cfg: DictConfig) -> dict:
     job = RealJob(**plain(cfg.job))
     plans = [{**plain(p)} for p in cfg.calibrate] + [{**plain(p), "held_out": True} for p in cfg.held_out]
     load_before = os.getloadavg()
-    rows, pauses = measure_plans(job, plans, cfg)
+    out = Path(cfg.out)
+    out = out if out.is_absolute() else REPO_ROOT / out
+    if cfg.get("refit_from"):  # the measurements of an earlier run, fitted again
+        saved = json.loads((REPO_ROOT / cfg.refit_from).read_text())
+        rows, pauses = saved["rows"], saved["pauses_s"]
+    else:
+        rows, pauses = measure_plans(job, plans, cfg)
+        atomic_write_text(
+            out, json.dumps({"rows": rows, "pauses_s": pauses, "partial": True}, indent=1) + "\n"
+        )
     cal_rows = [r for r in rows if not r["held_out"]]
-    f, f_err = fit_blocks(cal_rows, job.num_blocks, "fwd_s")
-    b, b_err = fit_blocks(cal_rows, job.num_blocks, "bwd_s")
+    f, f_err, f_coef = fit_blocks(cal_rows, job, "fwd_s")
+    b, b_err, b_coef = fit_blocks(cal_rows, job, "bwd_s")
     pause = float(np.median(pauses))
     base = calibration_of(job, f, b, (1e9, 1e-4), pause)
     link, link_rms = fit_link(job, base, cal_rows)
@@ -138,14 +151,16 @@ def run(cfg: DictConfig) -> dict:
     cal["fit"] = {
         "stage_forward_rel_error": f_err.tolist(), "stage_backward_rel_error": b_err.tolist(),
         "iteration_rms_log_error": link_rms, "pauses_s": pauses, "plans": len(cal_rows),
+        "forward_s_per_block_and_per_gflop": f_coef, "backward_s_per_block_and_per_gflop": b_coef,
     }  # fmt: skip
     cal["job"] = plain(cfg.job)
     cal["generated_by"] = "python -m experiments.pipeline_fidelity"
     cal["machine"] = {"cpu_count": os.cpu_count(), "load_average_before": list(load_before),
                       "load_average_after": list(os.getloadavg())}  # fmt: skip
     twin_model(job, cal)  # the table must build a model
-    out = Path(cfg.calibration_out)
-    atomic_write_text(out if out.is_absolute() else REPO_ROOT / out, json.dumps(cal, indent=1) + "\n")
+    cal_out = Path(cfg.calibration_out)
+    cal_out = cal_out if cal_out.is_absolute() else REPO_ROOT / cal_out
+    atomic_write_text(cal_out, json.dumps(cal, indent=1) + "\n")
     stage_err, iter_err = [], []
     for r in rows:
         stage, it = predict(job, cal, r)
@@ -162,14 +177,14 @@ def run(cfg: DictConfig) -> dict:
         "calibration_stage_mdape_pct": mdape([e for r in cal_rows for e in r["stage_ape"]]),
         "calibration_iteration_mdape_pct": mdape([r["iteration_ape"] for r in cal_rows]),
         "repartition_pause_s": pause,
+        "pauses_s": pauses,
         "link": cal["link"],
         "rows": rows,
         "cluster": cpu_cluster().name,
         "config": plain(cfg),
         "machine": cal["machine"],
     }
-    out = Path(cfg.out)
-    atomic_write_text(out if out.is_absolute() else REPO_ROOT / out, json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
     log.info("held-out MdAPE: stage %.1f %%, iteration %.1f %% (calibration: %.1f %%, %.1f %%); pause %.1f s",
              result["held_out_stage_mdape_pct"], result["held_out_iteration_mdape_pct"],
              result["calibration_stage_mdape_pct"], result["calibration_iteration_mdape_pct"], pause)  # fmt: skip

@@ -29,15 +29,7 @@ from omegaconf import DictConfig
 from scipy.stats import kendalltau
 
 from adapters.real_pipeline.env import RealPipelineEnv
-from adapters.real_pipeline.twin import (
-    RealJob,
-    burst_scenario,
-    cpu_cluster,
-    load_calibration,
-    twin_kwargs,
-    twin_model,
-)
-from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
+from adapters.real_pipeline.twin import RealJob, burst_scenario, load_calibration, twin_env
 from dynamix_gym.pipeline.controllers import CONTROLLERS, DynPipeController
 from dynamix_gym.pipeline.evaluation import run_pipeline_episode
 from dynamix_gym.pipeline.policy import PolicyController
@@ -54,7 +46,7 @@ def make_controller(name: str, cfg: DictConfig):
     return CONTROLLERS[name]()
 
 
-def twin_time_to(env: PipelineClusterEnv, controller, seed: int, samples: int, max_steps: int) -> float:
+def twin_time_to(env, controller, seed: int, samples: int, max_steps: int) -> float:
     """The twin's wall time when it has trained ``samples`` samples under ``controller`` (its own
     accuracy, from a convergence model of another workload, ends nothing here)."""
     obs, info = env.reset(seed=seed, options=controller.start_options(env, seed))
@@ -75,11 +67,13 @@ def run(cfg: DictConfig) -> dict:
     out = out if out.is_absolute() else REPO_ROOT / out
     names = list(cfg.controllers)
     runs: list[dict] = []
-    for i, seed in enumerate(cfg.seeds):
+    if cfg.get("replay_from"):  # the real runs of an earlier campaign: only the twin runs again
+        runs = json.loads((REPO_ROOT / cfg.replay_from).read_text())["runs"]
+    for i, seed in enumerate([] if runs else cfg.seeds):
         order = names[i % len(names) :] + names[: i % len(names)]  # rotate: load hits all alike
         for name in order:
             env = RealPipelineEnv(scenario, job=job, calibration=cal, target_quality=float(cfg.target),
-                                  interval_s=float(cfg.interval_s), time_budget_s=float(cfg.time_budget_s),
+                                  interval=int(cfg.interval), interval_s=cfg.interval_s, time_budget_s=float(cfg.time_budget_s),
                                   timeout_s=float(cfg.timeout_s))  # fmt: skip
             load0, t0 = os.getloadavg(), time.perf_counter()
             try:
@@ -96,9 +90,8 @@ def run(cfg: DictConfig) -> dict:
             atomic_write_text(
                 out, json.dumps({"runs": runs, "partial": True}, indent=1, default=float) + "\n"
             )
-    twin = PipelineClusterEnv(cpu_cluster(), twin_model(job, cal), scenario, stages=2, schedule=job.schedule,
-                              interval_s=float(cfg.interval_s), target_quality=float(cfg.target),
-                              time_budget_s=float(cfg.time_budget_s), simulator_kwargs=twin_kwargs(job, cal))  # fmt: skip
+    twin = twin_env(job, cal, scenario, interval=int(cfg.interval), interval_s=cfg.interval_s, target_quality=float(cfg.target),
+                    time_budget_s=float(cfg.time_budget_s))  # fmt: skip
     for row in runs:
         row["sim_time_to_target_s"] = (
             twin_time_to(twin, make_controller(row["controller"], cfg), row["seed"], row["samples"], 10_000)

@@ -38,7 +38,10 @@ class RealPipelineEnv(PipelineClusterEnv):
         ranks: stage ranks (one stage each).
         calibration: the twin's calibration (a dict; ``None``: the shipped ``sim/data`` file).
         target_quality: validation accuracy on the digits' held-out rows that ends an episode.
-        interval_s: seconds a decision interval should last (K follows the iteration time).
+        interval: steps per decision (K); with ``interval_s``, the most.
+        interval_s: seconds a decision interval should last (K follows the iteration time, at most
+            ``interval``); ``None`` (the default): always K, so every controller validates at the same
+            steps and, at a fixed M, reaches the target at the same step.
         timeout_s: bound of every wait on the ranks.
         Other keywords: as :class:`PipelineClusterEnv` (``max_stages`` and ``micro_batch_set``
         keep the simulated env's defaults so that one policy drives both).
@@ -52,8 +55,8 @@ class RealPipelineEnv(PipelineClusterEnv):
         ranks: int = 2,
         calibration: dict | None = None,
         target_quality: float = 0.9,
-        interval: int = 50,
-        interval_s: float | None = 3.0,
+        interval: int = 4,
+        interval_s: float | None = None,
         time_budget_s: float = 1800.0,
         max_decisions: int = 2000,
         max_stages: int = 8,

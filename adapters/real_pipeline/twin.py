@@ -131,3 +131,14 @@ def twin_simulator(
         cpu_cluster(ranks), twin_model(job, cal), scenario, stages=stages, schedule=job.schedule,
         **twin_kwargs(job, cal, ranks),
     )  # fmt: skip
+
+
+def twin_env(job: RealJob, calibration: dict, scenario: str | Scenario, ranks: int = 2, **env_kwargs):
+    """``dynamix/PipelineCluster-v0`` on the twin: the simulated env of the real job (``env_kwargs``:
+    the env's own, e.g. ``interval_s``, ``target_quality``)."""
+    from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
+
+    return PipelineClusterEnv(
+        cpu_cluster(ranks), twin_model(job, calibration), scenario, stages=ranks, schedule=job.schedule,
+        simulator_kwargs=twin_kwargs(job, calibration, ranks), **env_kwargs,
+    )  # fmt: skip

@@ -79,6 +79,9 @@ class DynPipeController(PipelineController):
                    neighbourhood moves) until it is reached
 
     Defaults from DynPipe (``shared/PRIOR_ART.md``): threshold 20 %, sustain 30 s, cooldown 5 min.
+    ``relative``: p_s divided by the smallest p first, so a load that slows every stage alike (a
+    shared machine's, against a profile taken at another load) moves no boundary (it moves none of
+    the DP's cuts either); off by default (the simulated bench).
     """
 
     name = "dynpipe"
@@ -90,12 +93,14 @@ class DynPipeController(PipelineController):
         sustain_s: float = 30.0,
         cooldown_s: float = 300.0,
         min_gain: float = 0.05,
+        relative: bool = False,
     ) -> None:
         self.predictor = forest if isinstance(forest, StagePredictor) else StagePredictor.load(forest)
         if threshold < 1.0:
             raise ValueError(f"threshold must be >= 1 (a slowdown ratio), got {threshold}")
         if sustain_s < 0 or cooldown_s < 0 or min_gain < 0:
             raise ValueError("sustain_s, cooldown_s and min_gain must be >= 0")
+        self.relative = bool(relative)
         self.threshold, self.sustain_s, self.cooldown_s, self.min_gain = (
             threshold,
             sustain_s,
@@ -120,6 +125,8 @@ class DynPipeController(PipelineController):
     def predict(self, obs, info: dict[str, Any], deterministic: bool = True) -> tuple[np.ndarray, None]:
         r = info["report"]
         pred = self.predictor.predict(self.features.update(r))
+        if self.relative:
+            pred = pred / pred.min()
         now = r.wall_time_s
         slowed = frozenset(np.flatnonzero(pred > self.threshold).tolist())
         if slowed != self.pending:

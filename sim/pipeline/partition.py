@@ -95,4 +95,3 @@ def check_memory(
             "or run fewer micro-batches"
         )
     return mem
-

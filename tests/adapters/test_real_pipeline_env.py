@@ -13,6 +13,7 @@ from adapters.real_pipeline.env import RealPipelineEnv
 from adapters.real_pipeline.twin import RealJob, burst_scenario, load_calibration, twin_simulator
 from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
 from dynamix_gym.pipeline.controllers import EvenSplitController
+from dynamix_gym.pipeline.planner import pipedream_partition, profile
 from sim.faults import FaultWindow, Scenario
 
 #: A made-up calibration: these tests check the plumbing, not the fit.
@@ -37,9 +38,9 @@ def test_shipped_calibration_builds_the_twin():
     twin = twin_simulator(RealJob(), "static_hetero", calibration=cal)
     assert twin.num_stages == 2 and twin.model.num_blocks == 8
     with pytest.raises(ValueError, match="fits the memory caps"):  # the whole model needs two ranks
-        from dynamix_gym.pipeline.planner import pipedream_partition, profile
-
-        pipedream_partition(profile(twin_simulator(RealJob(), "static_hetero", calibration=cal, stages=1)), 16)
+        pipedream_partition(
+            profile(twin_simulator(RealJob(), "static_hetero", calibration=cal, stages=1)), 16
+        )
 
 
 def test_a_scenario_that_removes_a_worker_is_refused():
@@ -55,7 +56,9 @@ def test_burst_scenario_checks_its_factor():
 
 @pytest.mark.integration
 def test_one_interval_on_real_ranks_speaks_the_envs_protocol():
-    env = gym.make("dynamix/RealPipeline-v0", job=SMALL, calibration=CAL, interval=3, interval_s=None).unwrapped
+    env = gym.make(
+        "dynamix/RealPipeline-v0", job=SMALL, calibration=CAL, interval=3, interval_s=None
+    ).unwrapped
     try:
         ctrl = EvenSplitController()
         obs, info = env.reset(seed=3, options=ctrl.start_options(env, 3))
@@ -66,10 +69,12 @@ def test_one_interval_on_real_ranks_speaks_the_envs_protocol():
         assert np.all(r.fwd_time_s > 0) and np.all(r.bwd_time_s > 0) and r.iteration_time_s > 0
         assert 0.0 <= r.val_accuracy <= 1.0 and r.samples == 3 * 16 * SMALL.micro_batch
         action, _ = ctrl.predict(obs, info)
-        obs, reward, terminated, truncated, info = env.step(action)
+        obs, reward, _, _, info = env.step(action)
         assert env.observation_space.contains(obs)
         assert info["report"].wall_time_s > r.wall_time_s and info["report"].repartition_time_s == 0.0
-        assert reward == pytest.approx(-info["report"].interval_time_s / env.reward_cfg.time_scale_s, rel=1e-6)
+        assert reward == pytest.approx(
+            -info["report"].interval_time_s / env.reward_cfg.time_scale_s, rel=1e-6
+        )
     finally:
         env.close()
     assert multiprocessing.active_children() == []

@@ -8,7 +8,8 @@ Importing the package registers:
 * ``dynamix/HeteroClusterPerWorker-v0``: the same cluster, one worker's decision per step;
 * ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``);
 * ``dynamix/ElasticCluster-v0``: GPUs rented from a priced pool, held, released and preempted;
-* ``dynamix/PipelineCluster-v0``: where to cut a pipeline-parallel model, under interference.
+* ``dynamix/PipelineCluster-v0``: where to cut a pipeline-parallel model, under interference;
+* ``dynamix/RealPipeline-v0``: the same env over real CPU gloo stage ranks (``adapters``).
 """
 
 from gymnasium.envs.registration import register, registry
@@ -39,6 +40,7 @@ _ENVS = {
     "dynamix/RealDDP-v0": "adapters.ddp_env:make_real_ddp_env",
     "dynamix/ElasticCluster-v0": "dynamix_gym.envs.elastic_cluster:ElasticClusterEnv",
     "dynamix/PipelineCluster-v0": "dynamix_gym.envs.pipeline_cluster:PipelineClusterEnv",
+    "dynamix/RealPipeline-v0": "adapters.real_pipeline.env:make_real_pipeline_env",
 }
 #: native vector envs (``gymnasium.make_vec(id, vectorization_mode="vector_entry_point")``)
 _VECTOR_ENVS = {"dynamix/HeteroCluster-v0": "dynamix_gym.envs.batched_vector:BatchedClusterVectorEnv"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import runpy
 import sys
 from collections.abc import Sequence
@@ -24,12 +25,15 @@ from pathlib import Path
 
 #: The package whose Hydra apps are the subcommands.
 APPS_PACKAGE = "experiments"
+#: An app whose entry point ``experiments.common.hydra_app`` builds.
+_APP_MAIN = re.compile(r"^main = hydra_app\(", re.MULTILINE)
 
 
 def discover_apps(package: str = APPS_PACKAGE) -> dict[str, tuple[str, str]]:
     """Every Hydra app of ``package``: subcommand -> (module it runs, the first line of its docstring).
 
-    An app is a module directly in the package with a ``@hydra.main`` entry point (read from the
+    An app is a module directly in the package with a ``@hydra.main`` entry point, or one built by
+    ``main = hydra_app(...)`` (read from the
     source, not imported: importing every app would load torch and the simulator for ``--help``).
     """
     spec = importlib.util.find_spec(package)
@@ -39,7 +43,7 @@ def discover_apps(package: str = APPS_PACKAGE) -> dict[str, tuple[str, str]]:
     for location in spec.submodule_search_locations:
         for path in sorted(Path(location).glob("*.py")):
             source = path.read_text()
-            if "@hydra.main(" not in source:
+            if "@hydra.main(" not in source and not _APP_MAIN.search(source):
                 continue
             doc = ast.get_docstring(ast.parse(source)) or ""
             first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, one line

@@ -20,13 +20,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import hydra
 import torch.distributed as dist
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from adapters.bench import bench_rank, summarise
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, hydra_app
 
 
 def run(cfg: DictConfig) -> dict:
@@ -107,9 +106,7 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="bench_adapter")
-def main(cfg: DictConfig) -> float:
-    return run(cfg)["ratio_median"]
+main = hydra_app("bench_adapter", run, "ratio_median", __spec__)
 
 
 if __name__ == "__main__":

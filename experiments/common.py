@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
 
 import sim
 from dynamix_gym.configs import plain
 from sim.datafiles import atomic_write_text
 
-__all__ = ["REPO_ROOT", "atomic_write_text", "describe_file", "plain", "shown"]
+__all__ = ["REPO_ROOT", "atomic_write_text", "describe_file", "hydra_app", "plain", "shown"]
 
 REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 
@@ -26,3 +31,18 @@ def shown(path: str | Path) -> str:
 def describe_file(path: str | Path) -> dict[str, str]:
     """Where a source file is (see :func:`shown`) and its SHA-256, for provenance records."""
     return {"path": shown(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+
+
+def hydra_app(
+    config_name: str, run: Callable[[DictConfig], Mapping[str, Any]], score: str, spec: Any = None
+) -> Callable[[], Any]:
+    """An app's entry point: Hydra composes ``conf/<config_name>.yaml`` with the command line, and
+    ``main()`` returns ``run(cfg)[score]`` (a sweeper's objective). ``spec``: the app module's
+    ``__spec__``, whose name Hydra gives the job (``dynamix-gym`` finds apps by ``main = hydra_app(``)."""
+
+    def main(cfg: DictConfig) -> Any:
+        return run(cfg)[score]
+
+    if spec is not None:
+        main.__module__ = spec.name
+    return hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name=config_name)(main)

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig
 
@@ -32,7 +31,7 @@ from dynamix_gym.controllers.interference import (
 )
 from dynamix_gym.controllers.random_controller import RandomController
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from experiments.common import REPO_ROOT, plain
+from experiments.common import REPO_ROOT, hydra_app, plain
 from sim.faults import scale_intensity
 
 log = logging.getLogger(__name__)
@@ -154,9 +153,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     return meta
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="fit_interference")
-def main(cfg: DictConfig) -> float:
-    return fit(cfg)["holdout_r2"]
+main = hydra_app("fit_interference", fit, "holdout_r2", __spec__)
 
 
 if __name__ == "__main__":

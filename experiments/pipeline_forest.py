@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,7 +25,7 @@ from dynamix_gym.pipeline.controllers import TruthReplanController
 from dynamix_gym.pipeline.forest import FEATURES, StageFeatures, StagePredictor
 from dynamix_gym.pipeline.planner import profile
 from dynamix_gym.pipeline.worlds import SPLITS, world_fn
-from experiments.common import REPO_ROOT, plain
+from experiments.common import REPO_ROOT, hydra_app, plain
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +100,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     return meta
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="pipeline_forest")
-def main(cfg: DictConfig) -> float:
-    return fit(cfg)["holdout_r2"]
+main = hydra_app("pipeline_forest", fit, "holdout_r2", __spec__)
 
 
 if __name__ == "__main__":

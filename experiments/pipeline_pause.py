@@ -19,11 +19,10 @@ import platform
 import statistics
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 from adapters.real_pipeline.ranks import run_stages
-from experiments.common import REPO_ROOT, atomic_write_text, plain
+from experiments.common import REPO_ROOT, atomic_write_text, hydra_app, plain
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +60,7 @@ def measure(cfg: DictConfig) -> dict:
     return result
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="pipeline_pause")
-def main(cfg: DictConfig) -> float:
-    return measure(cfg)["repartition_pause_s"]
+main = hydra_app("pipeline_pause", measure, "repartition_pause_s", __spec__)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
-from dynamix_gym.pipeline.policy import dynpipe_start
+from dynamix_gym.pipeline.controllers import dynpipe_start
 from dynamix_gym.pipeline.worlds import world_fn
 from experiments.common import REPO_ROOT
 

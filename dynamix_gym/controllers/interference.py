@@ -32,7 +32,7 @@ import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -130,11 +130,17 @@ def true_slowdown(report: IntervalReport) -> np.ndarray:
 
 
 @dataclass
-class SlowdownPredictor:
-    """A fitted forest and what it was fitted on."""
+class ForestPredictor:
+    """A fitted forest and what it was fitted on, saved as ``forest.pkl`` + ``forest.json`` (its
+    ``FEATURES`` and ``FORMAT`` checked on load). Subclasses name their features and their fitter."""
 
     model: Any  # sklearn.ensemble.RandomForestRegressor
     meta: dict[str, Any]
+
+    FEATURES: ClassVar[tuple[str, ...]] = FEATURES
+    FORMAT: ClassVar[int] = FORMAT
+    WHAT: ClassVar[str] = "interference predictor"
+    FITTER: ClassVar[str] = "python -m experiments.fit_interference"
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Predicted slowdown ratio (>= 1) per feature row."""
@@ -148,23 +154,26 @@ class SlowdownPredictor:
         blob = pickle.dumps(self.model, protocol=5)
         atomic_write(folder / "forest.pkl", lambda f: f.write(blob), mode="wb")
         atomic_write_text(
-            folder / "forest.json", json.dumps({**self.meta, "format": FORMAT}, indent=1) + "\n"
+            folder / "forest.json", json.dumps({**self.meta, "format": self.FORMAT}, indent=1) + "\n"
         )
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path) -> SlowdownPredictor:
+    def load(cls, folder: str | Path):
         """Load a predictor written by :meth:`save` (a file this project wrote: pickle is trusted)."""
         folder = Path(folder)
         meta_file = folder / "forest.json"
         if not meta_file.is_file():
             raise FileNotFoundError(
-                f"{folder} holds no interference predictor ({meta_file.name} missing); "
-                "fit one with python -m experiments.fit_interference"
+                f"{folder} holds no {cls.WHAT} ({meta_file.name} missing); fit one with {cls.FITTER}"
             )
         meta = json.loads(meta_file.read_text())
-        if meta.get("format") != FORMAT or meta.get("features") != list(FEATURES):
+        if meta.get("format") != cls.FORMAT or meta.get("features") != list(cls.FEATURES):
             raise ValueError(f"{folder}: predictor format/features differ from this version's; refit it")
         with open(folder / "forest.pkl", "rb") as f:
             model = pickle.load(f)
         return cls(model, meta)
+
+
+class SlowdownPredictor(ForestPredictor):
+    """The data-parallel workers' predictor (this module's ``FEATURES``)."""

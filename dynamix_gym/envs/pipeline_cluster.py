@@ -214,6 +214,17 @@ class PipelineClusterEnv(gym.Env):
         world_rng = np.random.default_rng(seed).spawn(2)[0]
         return self._build(world_rng, stages)
 
+    def _backend(self, sim: PipelineSimulator):
+        """What the episode runs on, given the simulator of its world: the simulator itself here; a
+        real backend (``dynamix/RealPipeline-v0``) wraps it as its twin, with the same interface."""
+        return sim
+
+    def close(self) -> None:
+        close = getattr(self.sim, "close", None)
+        if close is not None and self.sim is not None and not isinstance(self.sim, PipelineSimulator):
+            close()
+        super().close()
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         # the episode's seed draws the world and the run (a learner's reset without one: from np_random)
@@ -222,7 +233,7 @@ class PipelineClusterEnv(gym.Env):
             options = self.start_planner(self, self.episode_seed)
         options = dict(options or {})
         world_rng, sim_rng = np.random.default_rng(self.episode_seed).spawn(2)
-        self.sim = self._build(world_rng, options.get("stages"))
+        self.sim = self._backend(self._build(world_rng, options.get("stages")))
         self.sim.reset(rng=sim_rng)
         n = self.sim.model.num_blocks
         self.sizes = tuple(options.get("sizes") or even_split(n, self.sim.num_stages))

@@ -17,6 +17,18 @@ from dynamix_gym.pipeline.forest import DEFAULT_FOREST, StageFeatures, StagePred
 from dynamix_gym.pipeline.planner import dynpipe_plan, pipedream_partition, plan_cost_s, profile
 
 
+def dynpipe_start(env, seed: int) -> dict[str, Any]:
+    """DynPipe's start plan of the episode ``seed``: T(S) x W(S) over the stage counts, PipeDream's
+    DP for the partition, the middle micro-batch count (also the policy's warm start)."""
+    m = env.micro_batch_set[len(env.micro_batch_set) // 2]
+    base = env.simulator_for(seed)
+    S, sizes, _ = dynpipe_plan(
+        lambda k: env.simulator_for(seed, stages=k), base.cluster.num_workers, base.model.num_blocks, m,
+        env.max_stages,
+    )  # fmt: skip
+    return {"stages": S, "sizes": sizes, "micro_batches": m}
+
+
 class PipelineController:
     name: ClassVar[str] = "base"
     uses_truth: ClassVar[bool] = False
@@ -67,6 +79,9 @@ class DynPipeController(PipelineController):
                    neighbourhood moves) until it is reached
 
     Defaults from DynPipe (``shared/PRIOR_ART.md``): threshold 20 %, sustain 30 s, cooldown 5 min.
+    ``relative``: p_s divided by the smallest p first, so a load that slows every stage alike (a
+    shared machine's, against a profile taken at another load) moves no boundary (it moves none of
+    the DP's cuts either); off by default (the simulated bench).
     """
 
     name = "dynpipe"
@@ -78,12 +93,14 @@ class DynPipeController(PipelineController):
         sustain_s: float = 30.0,
         cooldown_s: float = 300.0,
         min_gain: float = 0.05,
+        relative: bool = False,
     ) -> None:
         self.predictor = forest if isinstance(forest, StagePredictor) else StagePredictor.load(forest)
         if threshold < 1.0:
             raise ValueError(f"threshold must be >= 1 (a slowdown ratio), got {threshold}")
         if sustain_s < 0 or cooldown_s < 0 or min_gain < 0:
             raise ValueError("sustain_s, cooldown_s and min_gain must be >= 0")
+        self.relative = bool(relative)
         self.threshold, self.sustain_s, self.cooldown_s, self.min_gain = (
             threshold,
             sustain_s,
@@ -92,13 +109,7 @@ class DynPipeController(PipelineController):
         )
 
     def start_options(self, env, seed: int) -> dict[str, Any]:
-        m = env.micro_batch_set[len(env.micro_batch_set) // 2]
-        base = env.simulator_for(seed)
-        S, sizes, _ = dynpipe_plan(
-            lambda k: env.simulator_for(seed, stages=k), base.cluster.num_workers, base.model.num_blocks, m,
-            env.max_stages,
-        )  # fmt: skip
-        return {"stages": S, "sizes": sizes, "micro_batches": m}
+        return dynpipe_start(env, seed)
 
     def reset(self, env) -> None:
         super().reset(env)
@@ -114,6 +125,8 @@ class DynPipeController(PipelineController):
     def predict(self, obs, info: dict[str, Any], deterministic: bool = True) -> tuple[np.ndarray, None]:
         r = info["report"]
         pred = self.predictor.predict(self.features.update(r))
+        if self.relative:
+            pred = pred / pred.min()
         now = r.wall_time_s
         slowed = frozenset(np.flatnonzero(pred > self.threshold).tolist())
         if slowed != self.pending:

@@ -47,6 +47,7 @@ def run_pipeline_episode(
         "reached_target": bool(terminated),
         "time_to_target_s": r.wall_time_s if terminated else math.inf,
         "total_time_s": r.wall_time_s,
+        "samples": r.samples,
         "final_accuracy": r.val_accuracy,
         "decisions": steps,
         "repartitions": moves,

@@ -24,16 +24,12 @@ train worlds (seeds >= 100), never on its test split.
 
 from __future__ import annotations
 
-import json
-import pickle
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from dynamix_gym.controllers.interference import ForestPredictor
 from dynamix_gym.pipeline.planner import StageProfile
-from sim.datafiles import atomic_write, atomic_write_text
 from sim.pipeline.partition import bounds
 from sim.pipeline.report import PipelineReport
 
@@ -92,39 +88,14 @@ class StageFeatures:
         )
 
 
-@dataclass
-class StagePredictor:
-    """A fitted forest and what it was fitted on."""
+class StagePredictor(ForestPredictor):
+    """The pipeline stages' predictor (this module's ``FEATURES``)."""
 
-    model: Any  # sklearn.ensemble.RandomForestRegressor
-    meta: dict[str, Any]
-
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        """Predicted slowdown ratio (>= 1) per stage row."""
-        return np.maximum(self.model.predict(features), 1.0)
-
-    def save(self, folder: str | Path) -> Path:
-        folder = Path(folder)
-        blob = pickle.dumps(self.model, protocol=5)
-        atomic_write(folder / "forest.pkl", lambda f: f.write(blob), mode="wb")
-        atomic_write_text(
-            folder / "forest.json", json.dumps({**self.meta, "format": FORMAT}, indent=1) + "\n"
-        )
-        return folder
+    FEATURES = FEATURES
+    FORMAT = FORMAT
+    WHAT = "stage slowdown predictor"
+    FITTER = "python -m experiments.pipeline_forest"
 
     @classmethod
     def load(cls, folder: str | Path = DEFAULT_FOREST) -> StagePredictor:
-        """A predictor written by :meth:`save` (a file this project wrote: pickle is trusted)."""
-        folder = Path(folder)
-        meta_file = folder / "forest.json"
-        if not meta_file.is_file():
-            raise FileNotFoundError(
-                f"{folder} holds no stage slowdown predictor ({meta_file.name} missing); "
-                "fit one with python -m experiments.pipeline_forest"
-            )
-        meta = json.loads(meta_file.read_text())
-        if meta.get("format") != FORMAT or meta.get("features") != list(FEATURES):
-            raise ValueError(f"{folder}: predictor format/features differ from this version's; refit it")
-        with open(folder / "forest.pkl", "rb") as f:
-            model = pickle.load(f)
-        return cls(model, meta)
+        return super().load(folder)

@@ -69,9 +69,9 @@ def profile(sim: PipelineSimulator) -> StageProfile:
         for j in range(1, n):
             nbytes = m.output_bytes(j - 1) * share
             if s < S - 1:
-                nxt[s, j] = sim._p2p(nbytes, workers[0], sim.stage_workers[s + 1][0], 1.0)
+                nxt[s, j] = sim.p2p_s(nbytes, workers[0], sim.stage_workers[s + 1][0], 1.0)
             if s > 0:
-                prv[s, j] = sim._p2p(nbytes, workers[0], sim.stage_workers[s - 1][0], 1.0)
+                prv[s, j] = sim.p2p_s(nbytes, workers[0], sim.stage_workers[s - 1][0], 1.0)
     state = np.array([m.state_bytes(0, j) for j in range(n + 1)])
     act = np.array([m.activation_bytes(0, j) for j in range(n + 1)])
     return StageProfile(

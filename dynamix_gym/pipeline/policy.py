@@ -13,19 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.pipeline.controllers import PipelineController
-from dynamix_gym.pipeline.planner import dynpipe_plan
-
-
-def dynpipe_start(env, seed: int) -> dict[str, Any]:
-    """DynPipe's start plan of the episode ``seed`` (the env's ``start_planner`` while training)."""
-    m = env.micro_batch_set[len(env.micro_batch_set) // 2]
-    base = env.simulator_for(seed)
-    S, sizes, _ = dynpipe_plan(
-        lambda k: env.simulator_for(seed, stages=k), base.cluster.num_workers, base.model.num_blocks, m,
-        env.max_stages,
-    )  # fmt: skip
-    return {"stages": S, "sizes": sizes, "micro_batches": m}
+from dynamix_gym.pipeline.controllers import PipelineController, dynpipe_start
 
 
 class PolicyController(PipelineController):

@@ -95,16 +95,3 @@ def check_memory(
             "or run fewer micro-batches"
         )
     return mem
-
-
-def fits(
-    model: PipelineModel,
-    sizes: Sequence[int],
-    kind: str,
-    micro_batches: int,
-    replicas: Sequence[int],
-    cap_bytes: Sequence[float],
-) -> bool:
-    return bool(
-        np.all(stage_memory_bytes(model, sizes, kind, micro_batches, replicas) <= np.asarray(cap_bytes))
-    )

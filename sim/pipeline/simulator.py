@@ -87,6 +87,9 @@ class PipelineSimulator:
         repartition_pause_s: the fixed part of a re-partition's cost (``None``: the measured one,
             :func:`measured_repartition_pause_s`).
         memory_gib: per worker device memory (``None``: the GPU type's, ``sim.hardware.GPU_MEMORY_GIB``).
+        link: ``(bandwidth bytes/s, latency s)`` of every point-to-point link and of the replicas'
+            ring all-reduce, replacing the fitted GPU links (``None``: :mod:`sim.pipeline.links`);
+            a measured backend's fit (``experiments.pipeline_fidelity``).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class PipelineSimulator:
         staleness_kappa: float = DEFAULT_KAPPA,
         repartition_pause_s: float | None = None,
         memory_gib: Sequence[float] | None = None,
+        link: tuple[float, float] | None = None,
     ) -> None:
         self.cluster = get_cluster(cluster)
         self.model = model
@@ -116,6 +120,10 @@ class PipelineSimulator:
         if repartition_pause_s is None:
             repartition_pause_s = measured_repartition_pause_s()
         self.repartition_pause_s = check_range("repartition_pause_s", repartition_pause_s, 0.0, 1e5)
+        if link is not None:
+            link = (check_range("link[0] (bytes/s)", link[0], 0.0, low_open=True),
+                    check_range("link[1] (latency s)", link[1], 0.0, 10.0))  # fmt: skip
+        self.link = link
         self.gpu_types = self.cluster.gpu_types
         self.node_of_worker = self.cluster.node_of_worker
         mem = [GPU_MEMORY_GIB[g] for g in self.gpu_types] if memory_gib is None else list(memory_gib)
@@ -218,15 +226,17 @@ class PipelineSimulator:
             w0 = live[0]
             if s < S - 1:
                 nxt = self._first_live(s + 1, alive)
-                xf[s] = self._p2p(m.output_bytes(b[s + 1] - 1) * share, w0, nxt, bw)
+                xf[s] = self.p2p_s(m.output_bytes(b[s + 1] - 1) * share, w0, nxt, bw)
             if s > 0:
                 prv = self._first_live(s - 1, alive)
-                xb[s] = self._p2p(m.output_bytes(b[s] - 1) * share, w0, prv, bw)
+                xb[s] = self.p2p_s(m.output_bytes(b[s] - 1) * share, w0, prv, bw)
             if len(live) > 1:  # ring all-reduce of the stage's gradient among its replicas
                 nbytes = 2.0 * (len(live) - 1) / len(live) * m.param_bytes(b[s], b[s + 1])
                 inter = len({int(self.node_of_worker[w]) for w in live}) > 1
                 gpus = {self.gpu_types[w] for w in live}
-                bw_ring = min(link_bandwidth_bytes_per_s(g, inter) for g in gpus) * bw
+                bw_ring = (
+                    self.link[0] if self.link else min(link_bandwidth_bytes_per_s(g, inter) for g in gpus)
+                ) * bw
                 ar[s] = nbytes / bw_ring
         out = (cf, cb, xf, xb, ar)
         if len(self._times) > _CACHE_LIMIT:
@@ -238,7 +248,10 @@ class PipelineSimulator:
         live = [w for w in self.stage_workers[stage] if alive[w]]
         return live[0] if live else self.stage_workers[stage][0]
 
-    def _p2p(self, nbytes: float, a: int, b: int, bandwidth_factor: float) -> float:
+    def p2p_s(self, nbytes: float, a: int, b: int, bandwidth_factor: float = 1.0) -> float:
+        """Seconds to send ``nbytes`` from worker ``a`` to worker ``b`` (0 bytes: 0 s)."""
+        if self.link is not None:
+            return nbytes / (self.link[0] * bandwidth_factor) + self.link[1] if nbytes > 0 else 0.0
         inter = bool(self.node_of_worker[a] != self.node_of_worker[b])
         return p2p_time_s(nbytes, self.gpu_types[a], self.gpu_types[b], inter, bandwidth_factor)
 
@@ -274,7 +287,7 @@ class PipelineSimulator:
             per_link[pair] = per_link.get(pair, 0.0) + self.model.state_bytes(blk, blk + 1)
         bw = self._state.bandwidth_factor
         move = max(
-            self._p2p(n, self._first_live(a, self._state.alive), self._first_live(c, self._state.alive), bw)
+            self.p2p_s(n, self._first_live(a, self._state.alive), self._first_live(c, self._state.alive), bw)
             for (a, c), n in per_link.items()
         )
         return move + self.repartition_pause_s

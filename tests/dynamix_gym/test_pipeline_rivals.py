@@ -105,6 +105,23 @@ def test_dynpipe_repartitions_after_a_sustained_slowdown_then_cools_down():
     assert ctrl.repartitions == 1  # the slowdown stays: one re-partition, no thrashing
 
 
+@pytest.mark.parametrize("relative", [False, True])
+def test_relative_dynpipe_ignores_a_load_that_slows_every_stage_alike(relative):
+    """Every worker at 0.5x speed (a loaded machine against a quiet profile): the absolute trigger
+    sees every stage slowed and re-plans on the uniform slow-down; the relative one sees none."""
+    model = generate_model(np.random.default_rng(3), ModelShape(num_blocks=(16, 16), unevenness=(0.0, 0.0)))
+    windows = tuple(FaultWindow("throttle", 0.0, 1e6, worker=w, factor=0.5) for w in range(4))
+    env = PipelineClusterEnv(homogeneous_cluster("V100", 4), model, dataclasses.replace(QUIET, windows=windows),
+                             interval=5000, interval_s=20.0, target_quality=0.99, max_decisions=20)  # fmt: skip
+    ctrl = DynPipeController(StagePredictor(_Oracle(), {}), sustain_s=0.0, cooldown_s=0.0, relative=relative)
+    _, info = env.reset(seed=0, options=ctrl.start_options(env, 0))
+    ctrl.reset(env)
+    for _ in range(5):
+        action, _ = ctrl.predict(None, info)
+        _, _, _, _, info = env.step(action)
+    assert ctrl.applied == (frozenset() if relative else frozenset(range(4)))
+
+
 def test_hindsight_limit_is_never_beaten_by_its_rivals():
     from dynamix_gym.pipeline.worlds import task_seeds, world_fn
 

@@ -20,7 +20,15 @@ def _run(tmp_path, label, scores, train_x, worst=1.3):
     bench = tmp_path / "bench" / label / "train"
     bench.mkdir(parents=True)
     (bench / "summary.json").write_text(
-        json.dumps({"geomean_ratio_to_limit": train_x, "worst_task": "b", "worst_task_ratio": worst})
+        json.dumps(
+            {
+                "geomean_ratio_to_limit": train_x,
+                "worst_task": "b",
+                "worst_task_ratio": worst,
+                "reached_share": 1.0,
+                "reached_share": 1.0,
+            }
+        )
     )
     return f"{{label: {label}, seed: 0, run_dir: {run}, command: c}}"
 
@@ -48,10 +56,10 @@ def test_an_arm_is_ahead_only_by_more_than_its_seed_spread(tmp_path):
     stats = rl_report_app(cfg)
     assert stats["good"]["spread"] == pytest.approx(0.02) and stats["good"]["mean"] == pytest.approx(1.11)
     md = (tmp_path / "out" / "README.md").read_text()
-    assert "| good | 3 | 1.110 | 1.100 - 1.120 | 0.020 | 1.30 | ahead by 0.080 > its spread |" in md
+    assert "| good | 3 | 1.110 | 1.100 - 1.120 | 0.020 | 1.30 | 100% | ahead by 0.090 > its spread |" in md
     assert (
-        "| wide | 2 | 1.120 | 1.050 - 1.190 | 0.140 | 1.30 | not ahead by more than its spread (mean -0.080) |"
-        in md
+        "| wide | 2 | 1.120 | 1.050 - 1.190 | 0.140 | 1.30 | 100% | not ahead by more than its spread "
+        "(-0.080 against the baseline) |" in md
     )
     rows = list(csv.DictReader((tmp_path / "out" / "curves.csv").open()))
     assert len(rows) == 1 + 3 * 2 + 2 * 2 and rows[1]["b_min"] == "20.0"

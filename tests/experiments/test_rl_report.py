@@ -26,7 +26,6 @@ def _run(tmp_path, label, scores, train_x, worst=1.3):
                 "worst_task": "b",
                 "worst_task_ratio": worst,
                 "reached_share": 1.0,
-                "reached_share": 1.0,
             }
         )
     )

@@ -15,6 +15,10 @@ into ``out_dir``:
   mean, the spread (max - min) over seeds and the verdict against the warm start, and the test
   split of the kept bundle alone (scored once, after the choice).
 
+A run stopped by hand after its last validation within the arm's budget (``max_steps``; the
+machine's load, not the run, set when) has no ``train_summary.json``: its history is read from the
+validation scalars of its TensorBoard log (``eval/tta_min_*``), the points up to ``max_steps``.
+
 Run folders (``runs/``) are not committed: each run's summary is copied into ``out_dir/runs/`` and
 each benchmark summary into ``out_dir/bench/``, and read from there when the folders are absent.
 """
@@ -52,6 +56,30 @@ def _copied(src: Path, dst: Path) -> Path:
     return dst
 
 
+def history_from_tensorboard(run_dir: Path, max_steps: int) -> dict[str, Any]:
+    """A run's validation history (as ``train_summary.json`` has it) from its TensorBoard log: the
+    ``eval/tta_min_<task>`` scalars up to ``max_steps`` (the starting policy's validation, taken
+    before PPO's logger exists, is not among them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    points: dict[int, dict[str, float]] = {}
+    for events in sorted((run_dir / "tb").rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            if tag.startswith("eval/tta_min_") and tag != "eval/tta_min_mean":
+                for e in acc.Scalars(tag):
+                    if e.step <= max_steps:
+                        points.setdefault(int(e.step), {})[tag[len("eval/tta_min_") :]] = 60.0 * e.value
+    if not points:
+        raise FileNotFoundError(
+            f"{run_dir} has neither train_summary.json nor validation scalars: run it first"
+        )
+    history = [{"timesteps": t, "tta_s": tta, "mean_tta_s": float(np.exp(np.mean(np.log(list(tta.values())))))}
+               for t, tta in sorted(points.items())]  # fmt: skip
+    return {"history": history, "timesteps": history[-1]["timesteps"], "stopped_after_steps": max_steps}
+
+
 def load_arm_runs(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
     """Every run of every arm: its validation history and its train-split (and test-split) summary."""
     bench_root = Path(to_absolute_path(str(cfg.benchmark_root)))
@@ -61,8 +89,13 @@ def load_arm_runs(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
             label = str(run.label)
             rec: dict[str, Any] = {"arm": str(arm.name), "label": label, "seed": int(run.seed)}
             if run.get("run_dir"):
-                src = Path(to_absolute_path(str(run.run_dir))) / "train_summary.json"
-                rec["run"] = json.loads(_copied(src, out / "runs" / f"{label}.json").read_text())
+                run_dir = Path(to_absolute_path(str(run.run_dir)))
+                src, dst = run_dir / "train_summary.json", out / "runs" / f"{label}.json"
+                if run.get("max_steps") and not src.is_file() and (run_dir / "tb").is_dir():
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    history = history_from_tensorboard(run_dir, int(run.max_steps))
+                    atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
+                rec["run"] = json.loads(_copied(src, dst).read_text())
             for split in ("train", "test"):
                 src = bench_root / label / split / "summary.json"
                 dst = out / "bench" / label / split / "summary.json"

@@ -73,3 +73,28 @@ def test_an_arm_is_ahead_only_by_more_than_its_seed_spread(tmp_path):
     cfg.arms[0].runs[0].label = "never_ran"
     with pytest.raises(FileNotFoundError, match="run it first"):
         rl_report_app(cfg)
+
+
+def test_a_run_stopped_by_hand_is_read_from_its_validation_scalars_up_to_the_budget(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "runs" / "stopped"
+    writer = SummaryWriter(str(run / "tb" / "ppo_1"))
+    for step, a in ((500, 2.0), (1000, 1.0), (1500, 0.5)):
+        writer.add_scalar("eval/tta_min_a", a, step)
+        writer.add_scalar("eval/tta_min_b", 4 * a, step)
+        writer.add_scalar("eval/tta_min_mean", 99.0, step)  # recomputed, not read
+    writer.close()
+    bench = tmp_path / "bench" / "stopped" / "train"
+    bench.mkdir(parents=True)
+    (bench / "summary.json").write_text(
+        json.dumps(
+            {"geomean_ratio_to_limit": 1.1, "worst_task": "b", "worst_task_ratio": 1.2, "reached_share": 1.0}
+        )
+    )
+    arm = f"{{name: ws, description: d, runs: [{{label: stopped, seed: 0, run_dir: {run}, max_steps: 1000, command: c}}]}}"
+    rl_report_app(_config(tmp_path, [arm]))
+    saved = json.loads((tmp_path / "out" / "runs" / "stopped.json").read_text())
+    assert [p["timesteps"] for p in saved["history"]] == [500, 1000] and saved["stopped_after_steps"] == 1000
+    assert saved["history"][1]["mean_tta_s"] == pytest.approx(60.0 * 2.0)  # geomean of 1 and 4 minutes
+    assert saved["history"][0]["tta_s"] == pytest.approx({"a": 120.0, "b": 480.0})

@@ -128,13 +128,15 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def plot(rows: list[dict[str, Any]], arms: list[str], out: Path) -> None:
+def plot(rows: list[dict[str, Any]], arms: list[str], out: Path, relative: list[str]) -> None:
+    """Left: every arm's validation (log scale). Right: the ``relative`` arms' runs' validation over
+    their first point (a fine-tuned run's is the starting policy's), where small moves show."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, (ax, rel) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, arm in enumerate(arms):
         runs = sorted({r["run"] for r in rows if r["arm"] == arm})
@@ -142,14 +144,22 @@ def plot(rows: list[dict[str, Any]], arms: list[str], out: Path) -> None:
             pts = sorted((r["steps"], r["validation_min"]) for r in rows if r["run"] == run)
             if len(pts) < 2:
                 continue
-            x, y = zip(*pts, strict=True)
-            ax.plot(np.asarray(x) / 1e6, y, color=colours[k % len(colours)], marker=".", alpha=0.85,
-                    label=arm if j == 0 else None)  # fmt: skip
-    ax.set_xlabel("PPO steps (millions)")
+            x, y = (np.asarray(v, dtype=float) for v in zip(*pts, strict=True))
+            style = dict(
+                color=colours[k % len(colours)], marker=".", alpha=0.85, label=arm if j == 0 else None
+            )
+            ax.plot(x / 1e6, y, **style)
+            if arm in relative:
+                rel.plot(x / 1e6, 100.0 * (y / y[0] - 1.0), **style)
     ax.set_ylabel("validation: geomean time to accuracy (min)")
     ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    rel.set_ylabel("validation against the run's first point (%)")
+    rel.axhline(0.0, color="grey", lw=0.8)
+    rel.set_ylim(-5, 5)
+    for a in (ax, rel):
+        a.set_xlabel("PPO steps (millions)")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -177,11 +187,11 @@ def render(cfg: DictConfig, runs: list[dict[str, Any]]) -> str:
     run_rows = []
     for r in runs:
         hist = r.get("run", {}).get("history", [])
-        start = hist[0]["mean_tta_s"] / 60 if hist else math.nan
-        best = min((h["mean_tta_s"] for h in hist), default=math.nan) / 60
+        start = f"{hist[0]['mean_tta_s'] / 60:.2f} ({hist[0]['timesteps']:,})" if hist else "-"
+        best = f"{min(h['mean_tta_s'] for h in hist) / 60:.2f}" if hist else "-"
         train = r["train"]
         run_rows.append([r["arm"], r["label"], r["seed"], f"{r.get('run', {}).get('timesteps', 0):,}",
-                         f"{start:.2f}", f"{best:.2f}", f"{train['geomean_ratio_to_limit']:.3f}",
+                         start, best, f"{train['geomean_ratio_to_limit']:.3f}",
                          f"{train['worst_task']} {train['worst_task_ratio']:.2f}x"])  # fmt: skip
     arm_rows = []
     for a in arms:
@@ -191,8 +201,10 @@ def render(cfg: DictConfig, runs: list[dict[str, Any]]) -> str:
             verdict = "the baseline"
         elif gain > s["spread"]:
             verdict = f"ahead by {gain:.3f} > its spread"
+        elif -gain > s["spread"]:
+            verdict = f"behind by {-gain:.3f} > its spread"
         else:
-            verdict = f"not ahead by more than its spread ({-gain:+.3f} against the baseline)"
+            verdict = f"within its spread ({-gain:+.3f} against the baseline)"
         arm_rows.append([a, s["n"], f"{s['mean']:.3f}", f"{s['min']:.3f} - {s['max']:.3f}", f"{s['spread']:.3f}",
                          f"{s['worst_task_max']:.2f}", f"{s['reached_min']:.0%}", verdict])  # fmt: skip
     lines = [
@@ -213,8 +225,8 @@ def render(cfg: DictConfig, runs: list[dict[str, Any]]) -> str:
         "## Runs",
         "",
         "Validation: the geometric mean over held-out seeds of every train-split task of the time to "
-        "accuracy (min); step 0 is the starting policy. The train-split score is the kept (best-validation) "
-        "bundle's.",
+        "accuracy (min), first (at its step) and best; a fine-tuned policy's first validation during the critic "
+        "warm-up is the starting policy's. The train-split score is the kept (best-validation) bundle's.",
         "",
         *table(
             [
@@ -222,7 +234,7 @@ def render(cfg: DictConfig, runs: list[dict[str, Any]]) -> str:
                 "run",
                 "seed",
                 "PPO steps",
-                "validation at 0",
+                "first validation (step)",
                 "best validation",
                 "train x limit",
                 "worst task",
@@ -254,7 +266,7 @@ def rl_report_app(cfg: DictConfig) -> dict[str, Any]:
     runs = load_arm_runs(cfg, out)
     rows = curve_rows(runs)
     write_csv(rows, out / "curves.csv")
-    plot(rows, [str(a.name) for a in cfg.arms], out / "curves.png")
+    plot(rows, [str(a.name) for a in cfg.arms], out / "curves.png", [str(a) for a in cfg.relative_arms])
     atomic_write_text(out / "README.md", render(cfg, runs))
     summary = {str(a.name): arm_stats(runs, str(a.name)) for a in cfg.arms}
     atomic_write_text(out / "arms.json", json.dumps(summary, indent=1) + "\n")

@@ -47,21 +47,25 @@ def test_an_arm_is_ahead_only_by_more_than_its_seed_spread(tmp_path):
         _run(tmp_path, f"g{i}", [(0, 600.0), (100, 540.0 + i)], x) for i, x in enumerate((1.10, 1.11, 1.12))
     ]
     wide = [_run(tmp_path, f"w{i}", [(0, 600.0), (100, 660.0)], x) for i, x in enumerate((1.05, 1.19))]
+    worse = [_run(tmp_path, f"b{i}", [(0, 600.0)], x) for i, x in enumerate((1.25, 1.26))]
     cfg = _config(tmp_path, [
         f"{{name: ws, description: d, runs: [{ws}]}}",
         f"{{name: good, description: e, runs: [{','.join(good)}]}}",
         f"{{name: wide, description: f, runs: [{','.join(wide)}]}}",
+        f"{{name: worse, description: g, runs: [{','.join(worse)}]}}",
     ])  # fmt: skip
     stats = rl_report_app(cfg)
     assert stats["good"]["spread"] == pytest.approx(0.02) and stats["good"]["mean"] == pytest.approx(1.11)
     md = (tmp_path / "out" / "README.md").read_text()
     assert "| good | 3 | 1.110 | 1.100 - 1.120 | 0.020 | 1.30 | 100% | ahead by 0.090 > its spread |" in md
     assert (
-        "| wide | 2 | 1.120 | 1.050 - 1.190 | 0.140 | 1.30 | 100% | not ahead by more than its spread "
-        "(-0.080 against the baseline) |" in md
+        "| wide | 2 | 1.120 | 1.050 - 1.190 | 0.140 | 1.30 | 100% | within its spread (-0.080 against the baseline) |"
+        in md
     )
+    assert "| worse | 2 | 1.255 | 1.250 - 1.260 | 0.010 | 1.30 | 100% | behind by 0.055 > its spread |" in md
+    assert "| good | g1 | 0 | 100 | 10.00 (0) | 9.02 | 1.110 | b 1.30x |" in md
     rows = list(csv.DictReader((tmp_path / "out" / "curves.csv").open()))
-    assert len(rows) == 1 + 3 * 2 + 2 * 2 and rows[1]["b_min"] == "20.0"
+    assert len(rows) == 1 + 3 * 2 + 2 * 2 + 2 and rows[1]["b_min"] == "20.0"
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
     # a fresh checkout has neither the run folders nor the benchmark's: the committed copies serve
     for p in (tmp_path / "runs").rglob("train_summary.json"):

@@ -18,12 +18,21 @@ sub-env per worker).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from gymnasium.utils import seeding
 
-from dynamix_gym.actions import CONTINUOUS_SCALE, check_action_set, check_split
+from dynamix_gym.actions import (
+    BALANCED_SPLITS,
+    CONTINUOUS_SCALE,
+    DEFAULT_SPLIT_TOLERANCE,
+    check_action_set,
+    check_split,
+    observed_reconfig_s,
+    split_batches,
+)
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.batched_encoding import BatchedEncoder, batched_reward
 from dynamix_gym.obs import check_schema_version, get_schema, make_encoder
@@ -45,6 +54,8 @@ class BatchedClusters:
         world: the keywords of a world common to every cluster (overridden by ``worlds``' entries).
         domain: a :class:`~dynamix_gym.envs.randomized.DomainRandomization` (or a mapping of its
             fields): every reset draws the cluster's world from it (``worlds`` must then be None).
+        domain_workers: with ``domain``, each cluster's worker count (its domain's ``workers``
+            replaced), so that one batch holds clusters of several sizes (default: the domain's).
         sim_kwargs: passed to every :class:`SimBackend` (``reconfig_delay_s``, ``lr_rule`` ...).
         reward: as :class:`HeteroClusterEnv`.
         interval: as :class:`HeteroClusterEnv`.
@@ -53,7 +64,10 @@ class BatchedClusters:
         max_decisions: as :class:`HeteroClusterEnv`.
         window: as :class:`HeteroClusterEnv`.
         obs_schema: as :class:`HeteroClusterEnv`.
-        split: as :class:`HeteroClusterEnv`; must be ``"policy"``.
+        split: as :class:`HeteroClusterEnv` (``policy``, ``balanced`` or ``balanced_cost``): the
+            balanced splits re-split each cluster's requested global batch over its last report by
+            the env's own rule (:func:`dynamix_gym.actions.split_batches`), one cluster at a time.
+        split_tolerance: as :class:`HeteroClusterEnv`.
         noise: ``"batch"`` (fast) or ``"stream"`` (each cluster's own noise stream: the per-cluster
             env's numbers), see :mod:`sim.batched_noise`.
         noise_seed: seeds the batch's noise stream (``noise="batch"``); default: the first reset's seed.
@@ -66,6 +80,7 @@ class BatchedClusters:
         worlds: Sequence[Mapping[str, Any]] | None = None,
         world: Mapping[str, Any] | None = None,
         domain: Any = None,
+        domain_workers: Sequence[int] | None = None,
         sim_kwargs: Mapping[str, Any] | None = None,
         reward: Any = "dynamix",
         interval: int = 50,
@@ -75,6 +90,7 @@ class BatchedClusters:
         window: int = 4,
         obs_schema: int | str = 1,
         split: str = "policy",
+        split_tolerance: float = DEFAULT_SPLIT_TOLERANCE,
         noise: str = "batch",
         noise_seed: int | None = None,
     ) -> None:
@@ -84,12 +100,7 @@ class BatchedClusters:
             raise ValueError(f"interval (K iterations per step) must be an integer >= 1, got {interval!r}")
         if max_decisions is not None and max_decisions < 1:
             raise ValueError(f"max_decisions must be >= 1 or None, got {max_decisions!r}")
-        split, _ = check_split(split)
-        if split != "policy":
-            raise ValueError(
-                f"split={split!r}: the batched envs run split='policy' only (the balanced splits re-split "
-                "each cluster from its report: use HeteroClusterEnv)"
-            )
+        self.split, self.split_tolerance = check_split(split, split_tolerance)
         if action_mode not in ("delta", "scale", "continuous"):
             raise ValueError(
                 f"action_mode {action_mode!r}: the batched envs take 'delta', 'scale' or 'continuous' "
@@ -109,6 +120,15 @@ class BatchedClusters:
             if worlds is not None:
                 raise ValueError("give either worlds or domain, not both")
             self.domain = DomainRandomization(**domain) if isinstance(domain, Mapping) else domain
+        self._domains = None
+        if domain_workers is not None:
+            if self.domain is None:
+                raise ValueError("domain_workers needs a domain")
+            if len(domain_workers) != self.num_envs:
+                raise ValueError(
+                    f"domain_workers has {len(domain_workers)} entries for num_envs={self.num_envs}"
+                )
+            self._domains = [replace(self.domain, workers=int(n)) for n in domain_workers]
         base = dict(world or {})
         unknown = sorted(set(base) - set(WORLD_KEYS))
         if unknown:
@@ -142,6 +162,9 @@ class BatchedClusters:
         self.rngs: list[np.random.Generator | None] = [None] * c
         self.episode_config: list[dict[str, Any] | None] = [None] * c
         self.last_report: BatchReport | None = None
+        # each cluster's last report and measured reconfiguration pause (the balanced splits' input)
+        self._reports: list[Any] = [None] * c
+        self._reconfig_s: list[float | None] = [None] * c
         for i, b in enumerate(first):
             self._install(i, b)
 
@@ -149,7 +172,7 @@ class BatchedClusters:
     def _backend(self, i: int, rng: np.random.Generator) -> tuple[SimBackend, dict[str, Any] | None]:
         """Cluster ``i``'s world: drawn from the domain with ``rng`` (and its config), else fixed."""
         if self.domain is not None:
-            config = self.domain.sample(rng)
+            config = (self.domain if self._domains is None else self._domains[i]).sample(rng)
             return SimBackend(**config, **self._sim_kwargs), config
         return SimBackend(**self._worlds[i], **self._sim_kwargs), None
 
@@ -198,18 +221,56 @@ class BatchedClusters:
         self.batches[rows] = self.initial[rows]
         report = self.engine.run_interval(self.batches[rows], self.interval, idx=rows)
         self.prev_val[rows] = report.val_accuracy
-        self._encoded = self._encode(rows, report)
+        row_reports = self._row_reports(rows, report, fresh=True)
+        self._encoded = self._encode(rows, report, row_reports)
         return report
 
-    def _encode(self, rows: np.ndarray, report: BatchReport) -> tuple[np.ndarray, np.ndarray]:
+    def _row_reports(self, rows: np.ndarray, report: BatchReport, fresh: bool = False) -> list[Any] | None:
+        """``rows``' reports as :class:`sim.protocol.IntervalReport` when a slow encoder or a balanced
+        split reads them (else None); a balanced split's last reports and pauses kept (``fresh``:
+        a new episode's, whose earlier pause is forgotten, as the per-cluster env's reset does)."""
+        balanced = self.split in BALANCED_SPLITS
+        if self.obs_schema.version == "1" and not balanced:
+            return None
+        out = [self.engine.report(report, j) for j in range(len(rows))]
+        if balanced:
+            for i, r in zip(rows.tolist(), out, strict=True):
+                self._reports[i] = r
+                self._reconfig_s[i] = observed_reconfig_s(None if fresh else self._reconfig_s[i], r)
+        return out
+
+    def _split(self, requested: np.ndarray) -> np.ndarray:
+        """The batches a balanced split makes of ``requested`` ``[C, W]`` (each cluster's by the
+        per-cluster env's rule over its last report); ``requested`` as is under ``split='policy'``."""
+        if self.split not in BALANCED_SPLITS:
+            return requested
+        out = requested.copy()
+        for i in range(self.num_envs):
+            n = int(self.sizes[i])
+            out[i, :n] = split_batches(
+                self.split,
+                requested[i, :n],
+                self.batches[i, :n],
+                self._reports[i],
+                self.specs[i],
+                self.split_tolerance,
+                self._reconfig_s[i],
+            )
+        return out
+
+    def _encode(
+        self, rows: np.ndarray, report: BatchReport, row_reports: list[Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if self.obs_schema.version == "1":
             return self.encoder.encode(rows, report)
+        if row_reports is None:
+            row_reports = [self.engine.report(report, j) for j in range(len(rows))]
         fw = self.obs_schema.worker_dim
         worker = np.zeros((len(rows), self.width, fw), dtype=np.float32)
         glob = np.zeros((len(rows), self.obs_schema.global_dim), dtype=np.float32)
         for j, i in enumerate(rows.tolist()):
             n = int(self.sizes[i])
-            obs = self._slow_encoders[i].encode(self.engine.report(report, j))
+            obs = self._slow_encoders[i].encode(row_reports[j])
             worker[j, :n] = obs[: n * fw].reshape(n, fw)
             glob[j] = obs[n * fw :]
         return worker, glob
@@ -251,11 +312,11 @@ class BatchedClusters:
     def step(self, actions: np.ndarray):
         """One interval of every cluster. Returns (report, reward, terminated, truncated, finished
         rows' report, reset rows' warm-up report)."""
-        self.batches = self.apply_actions(actions)
+        self.batches = self._split(self.apply_actions(actions))
         report = self.engine.run_interval(self.batches, self.interval)
         self.last_report = report
         rows = np.arange(self.num_envs)
-        self._encoded = self._encode(rows, report)
+        self._encoded = self._encode(rows, report, self._row_reports(rows, report))
         self.decisions += 1
         terminated = report.val_accuracy >= self.target
         truncated = ~terminated & (report.wall_time_s >= self.time_budget_s)

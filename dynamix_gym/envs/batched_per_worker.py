@@ -28,10 +28,12 @@ class BatchedPerWorkerVecEnv(VecEnv):
     worlds: one mapping of world keywords per cluster (``cluster``, ``workload``, ``scenario``,
         ``workers`` ...: :data:`~dynamix_gym.envs.batched_core.WORLD_KEYS`); sizes may differ.
     domain: instead of ``worlds``, a :class:`~dynamix_gym.envs.randomized.DomainRandomization`
-        drawn at every reset of each of ``num_clusters`` clusters.
+        drawn at every reset of each of ``num_clusters`` clusters (``domain_workers``: each
+        cluster's worker count, e.g. the trainer's ``cluster_sizes`` repeated).
     critic_state: append the cluster's state to every row, as ``PerWorkerVecEnv`` does.
     **kwargs: :class:`BatchedClusters`' (``reward``, ``interval``, ``action_mode`` = ``delta`` or
-        ``scale``, ``action_set``, ``max_decisions``, ``obs_schema``, ``noise``, ``sim_kwargs`` ...).
+        ``scale``, ``action_set``, ``max_decisions``, ``obs_schema``, ``split``, ``noise``,
+        ``domain_workers``, ``sim_kwargs`` ...).
     """
 
     def __init__(
@@ -54,8 +56,8 @@ class BatchedPerWorkerVecEnv(VecEnv):
             raise ValueError("num_clusters must be given with a domain")
         self.core = BatchedClusters(count, worlds=worlds, domain=domain, **kwargs)
         core = self.core
-        if domain is not None and len(set(core.sizes.tolist())) != 1:
-            raise ValueError("a domain must keep one worker count per cluster")
+        if domain is not None and kwargs.get("domain_workers") is None and len(set(core.sizes.tolist())) != 1:
+            raise ValueError("a domain must keep one worker count per cluster (or give domain_workers)")
         self.sizes = core.sizes.tolist()
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         # (cluster, worker) of every sub-env, for gathering rows from the padded arrays

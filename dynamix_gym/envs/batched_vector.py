@@ -45,7 +45,7 @@ class BatchedClusterVectorEnv(VectorEnv):
     ``num_envs``, then :class:`HeteroClusterEnv`'s keywords (``cluster``, ``workload``,
     ``scenario``, ``workers``, ``initial_batch``, ``time_budget_s``, ``profile``, ``reward``,
     ``interval``, ``action_mode``, ``action_set``, ``max_decisions``, ``window``, ``sim_kwargs``,
-    ``obs_schema``, ``split`` = ``"policy"``), and: ``worlds`` (one mapping of world keywords per
+    ``obs_schema``, ``split``, ``split_tolerance``), and: ``worlds`` (one mapping of world keywords per
     sub-env: scenarios, workloads and GPU mixes may differ within the batch), ``domain`` (a
     :class:`~dynamix_gym.envs.randomized.DomainRandomization`), ``noise`` (``"batch"`` or
     ``"stream"``), ``noise_seed``.

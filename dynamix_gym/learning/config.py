@@ -27,6 +27,9 @@ from sim.validation import check_choice
 OBS_FORMS = ("per_worker", "centralised")
 #: What :attr:`TrainConfig.algorithm` takes.
 ALGORITHMS = ("ppo", "maskable_ppo")
+#: What :attr:`TrainConfig.vec_env` takes: one env per cluster (``PerWorkerVecEnv``) or every
+#: cluster in one batched simulator (``BatchedPerWorkerVecEnv``).
+VEC_ENVS = ("per_cluster", "batched")
 #: The discrete action modes a policy can be trained in.
 TRAIN_ACTION_MODES = ("delta", "scale")
 
@@ -118,6 +121,11 @@ class TrainConfig:
     centralised_workers: int = 8
     centralised_envs: int = 4
     subprocess: bool = False
+    # "per_cluster" (one HeteroClusterEnv per training cluster) or "batched" (per-worker form only:
+    # batched_copies clusters of each size in cluster_sizes, all in one batched simulator,
+    # dynamix_gym.envs.batched_per_worker; same worlds and rules, fixed time scale, no subprocess).
+    vec_env: str = "per_cluster"
+    batched_copies: int = 4
     domain: dict[str, Any] = field(default_factory=dict)  # DomainRandomization fields (workers set per env)
     env: dict[str, Any] = field(default_factory=dict)  # HeteroClusterEnv kwargs (reward, interval, ...)
     ppo: dict[str, Any] = field(default_factory=dict)  # stable_baselines3.PPO kwargs
@@ -197,6 +205,25 @@ def check_train_config(cfg: TrainConfig) -> None:
     algo = algorithm_class(cfg.algorithm)
     check_choice("obs_form", cfg.obs_form, OBS_FORMS)
     check_choice("time_scale", cfg.time_scale, TIME_SCALES)
+    check_choice("vec_env", cfg.vec_env, VEC_ENVS)
+    if (
+        isinstance(cfg.batched_copies, bool)
+        or not isinstance(cfg.batched_copies, int)
+        or cfg.batched_copies < 1
+    ):
+        raise ValueError(f"batched_copies must be an integer >= 1, got {cfg.batched_copies!r}")
+    if cfg.vec_env == "batched":
+        for bad, why in (
+            (cfg.obs_form != "per_worker", f"obs_form=per_worker, got {cfg.obs_form!r}"),
+            (cfg.time_scale != "fixed", f"time_scale=fixed (the per-world scale reads the oracle), got {cfg.time_scale!r}"),
+            (cfg.subprocess, "subprocess=false (one process holds the batch)"),
+        ):  # fmt: skip
+            if bad:
+                raise ValueError(f"vec_env=batched needs {why}")
+        from dynamix_gym.envs.batched_core import BatchedClusters
+
+        _check_keys("env", cfg.env, _keywords(BatchedClusters.__init__) - {"num_envs", "worlds", "world", "domain"},
+                    "BatchedClusters (vec_env=batched)")  # fmt: skip
     if cfg.max_train_s is not None:
         WallClockLimit(cfg.max_train_s)  # its range check
     check_choice("critic", cfg.critic, CRITICS)

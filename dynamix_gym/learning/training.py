@@ -116,9 +116,21 @@ def _cluster_env_fn(domain: dict, env_kwargs: dict, workers: int) -> Callable[[]
 
 
 def make_train_venv(cfg: TrainConfig) -> VecEnv:
-    """Randomised simulated clusters, per-worker (shared policy) or centralised, monitored."""
+    """Randomised simulated clusters, per-worker (shared policy) or centralised, monitored; with
+    ``vec_env=batched`` every cluster in one batched simulator (per-worker form)."""
     env_kwargs = {**train_env_kwargs(cfg), "action_mode": cfg.action_mode}
-    if cfg.obs_form == "per_worker":
+    if cfg.vec_env == "batched":
+        from dynamix_gym.envs.batched_per_worker import BatchedPerWorkerVecEnv
+
+        sizes = [int(n) for n in cfg.cluster_sizes] * cfg.batched_copies
+        venv = BatchedPerWorkerVecEnv(
+            domain=DomainRandomization(**{**cfg.domain, "workers": sizes[0]}),
+            num_clusters=len(sizes),
+            domain_workers=sizes,
+            critic_state=cfg.critic == "centralised",
+            **env_kwargs,
+        )
+    elif cfg.obs_form == "per_worker":
         fns = [_cluster_env_fn(cfg.domain, env_kwargs, n) for n in cfg.cluster_sizes]
         venv: VecEnv = PerWorkerVecEnv(
             fns,

@@ -121,8 +121,12 @@ def test_make_vec_builds_the_batched_env_with_masks():
 def test_bad_configurations_are_refused_by_name():
     with pytest.raises(ValueError, match="same worker count"):
         BatchedClusterVectorEnv(2, worlds=[dict(workers=4), dict(workers=8)])
-    with pytest.raises(ValueError, match="split='balanced'"):
-        BatchedClusterVectorEnv(2, split="balanced")
+    with pytest.raises(ValueError, match="unknown split 'even'"):
+        BatchedClusterVectorEnv(2, split="even")
+    with pytest.raises(ValueError, match="split_tolerance"):
+        BatchedClusterVectorEnv(2, split="balanced", split_tolerance=1.5)
+    with pytest.raises(ValueError, match="domain_workers has 1 entries"):
+        BatchedPerWorkerVecEnv(domain=dict(workers=4), num_clusters=2, domain_workers=[4])
     with pytest.raises(ValueError, match="absolute"):
         BatchedClusterVectorEnv(2, action_mode="absolute")
     with pytest.raises(ValueError, match="num_envs"):
@@ -169,3 +173,60 @@ def test_maskable_ppo_trains_on_the_batched_per_worker_env():
     model = sb3_contrib.MaskablePPO("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0)
     model.learn(total_timesteps=96)
     assert model.num_timesteps >= 96
+
+
+# The universal bundle's training setup: schema 3, masked multiplicative steps up to x64, the time
+# reward, generated worlds of several sizes in one batch, and the cost-aware balanced split.
+UNIVERSAL_ENV = dict(
+    obs_schema=3,
+    action_mode="scale",
+    action_set=[0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 16.0, 64.0],
+    reward="time",
+    max_decisions=10,
+)
+UNIVERSAL_DOMAIN = dict(
+    gpu_types=("T4", "V100", "RTX2080Ti", "A100"),
+    max_types=3,
+    workloads=("cifar10", "ncf", "bert"),
+    scenarios=("throttle", "loss_rejoin", "congestion_windows"),
+    intensity=(0.25, 3.0),
+    speed_sd=0.2,
+)
+
+
+@pytest.mark.parametrize("split", ["balanced", "balanced_cost"])
+def test_batched_per_worker_env_plays_the_universal_setup_as_the_per_cluster_envs(split):
+    sizes = [2, 4, 8, 4]
+    kw = dict(UNIVERSAL_ENV, split=split)
+    ours = BatchedPerWorkerVecEnv(
+        domain=UNIVERSAL_DOMAIN, num_clusters=len(sizes), domain_workers=sizes, noise="stream", **kw
+    )
+    theirs = PerWorkerVecEnv(
+        [lambda n=n: RandomizedClusterEnv(domain=dict(UNIVERSAL_DOMAIN, workers=n), **kw) for n in sizes]
+    )
+    assert ours.num_envs == theirs.num_envs == sum(sizes)
+    assert ours.get_attr("split")[0] == split and ours.get_attr("obs_schema")[0].version == "3"
+    ours.seed(7)
+    theirs.seed(7)
+    np.testing.assert_array_equal(ours.reset(), theirs.reset())
+    rng = np.random.default_rng(3)
+    ends = resplits = 0
+    for _ in range(40):
+        masks = ours.action_masks()
+        np.testing.assert_array_equal(masks, theirs.action_masks())
+        # mostly "hold" (index 3: x1), so that the split's own re-splits and holds show
+        a = np.where(rng.random(len(masks)) < 0.7, 3, (rng.random(masks.shape) * masks).argmax(axis=1))
+        o1, r1, d1, _ = ours.step(a)
+        o2, r2, d2, i2 = theirs.step(a)
+        np.testing.assert_allclose(o1, o2, atol=2e-6)
+        np.testing.assert_allclose(r1, r2, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(d1, d2)
+        for c, lo in enumerate(ours.offsets[:-1].tolist()):
+            info = i2[lo]["cluster_info"]
+            if not d2[lo]:
+                n = sizes[c]
+                np.testing.assert_array_equal(ours.core.batches[c, :n], info["local_batches"])
+                resplits += int(np.any(info["local_batches"] != info["requested_batches"]))
+            else:
+                ends += 1
+    assert ends >= 3 and resplits >= 5  # episodes restarted in the batch; the split moved batches

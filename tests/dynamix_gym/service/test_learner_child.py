@@ -117,12 +117,14 @@ def test_a_failing_dying_slow_or_cancelled_child_is_an_error_and_leaves_no_proce
 
 
 def test_a_child_exits_when_its_caller_is_killed(tmp_path):
-    """A SIGKILL-ed service cannot terminate its child: the child sees it re-parented and exits."""
+    """A SIGKILL-ed service cannot terminate its child: the child sees it re-parented and exits.
+    The child runs at normal priority here: the learner's SCHED_IDLE child gets no CPU at all while
+    the machine is busy (it failed so at load 10-14, passing alone), and would notice only later."""
     script = textwrap.dedent(
         """
         import sys, time
         from dynamix_gym.service.child import call_in_child
-        call_in_child(time.sleep, 120.0)
+        call_in_child(time.sleep, 120.0, idle=False, nice=0)
         """
     )
     caller = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())

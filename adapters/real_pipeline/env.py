@@ -43,8 +43,8 @@ class RealPipelineEnv(PipelineClusterEnv):
             ``interval``); ``None`` (the default): always K, so every controller validates at the same
             steps and, at a fixed M, reaches the target at the same step.
         timeout_s: bound of every wait on the ranks.
-        Other keywords: as :class:`PipelineClusterEnv` (``max_stages`` and ``micro_batch_set``
-        keep the simulated env's defaults so that one policy drives both).
+        **kwargs: as :class:`PipelineClusterEnv` (``max_stages`` and ``micro_batch_set`` keep the
+            simulated env's defaults so that one policy drives both).
     """
 
     def __init__(

@@ -32,7 +32,7 @@ import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -159,7 +159,7 @@ class ForestPredictor:
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path):
+    def load(cls, folder: str | Path) -> Self:
         """Load a predictor written by :meth:`save` (a file this project wrote: pickle is trusted)."""
         folder = Path(folder)
         meta_file = folder / "forest.json"

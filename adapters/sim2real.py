@@ -172,6 +172,16 @@ def sim_env(
     )
 
 
+#: A guarded run's summary counts (:meth:`sim.guards.Guard.summary`) that :func:`run_one` keeps.
+GUARD_KEYS = (
+    "guard_mode",
+    "guard_firings",
+    "guard_rollbacks",
+    "guard_time_lost_s",
+    "guard_fallback_intervals",
+)
+
+
 def run_one(
     env: HeteroClusterEnv,
     spec: dict[str, Any],
@@ -202,5 +212,7 @@ def run_one(
         "decision_time_ms": float(s["decision_time_ms"]),
         "mean_idle_fraction": float(s["mean_idle_fraction"]),
         "batch_changes": int(s["batch_changes"]),
+        # what a guarded backend's guards did (sim.guards; absent for an unguarded one)
+        **{k: s[k] for k in GUARD_KEYS if k in s},
         "timeline": timeline,
     }

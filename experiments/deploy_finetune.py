@@ -106,8 +106,16 @@ def train_config(bundle: Any, refit_dir: Path, settings: Finetuning, run_dir: Pa
         run_dir=str(run_dir),
         seed=int(seed),
         finetune_from=str(bundle.path),
+        # as many envs as the bundle trained with, each of the refit's one cluster size (a universal
+        # bundle was trained over several sizes; a profile measured one)
+        cluster_sizes=[load_profile(refit_dir).cluster.num_workers] * len(kwargs.get("cluster_sizes") or [1]),
         domain={**(kwargs.get("domain") or {}), "profile": str(refit_dir)},
-        env={**(kwargs.get("env") or {}), **({"reward": cfg["reward"]} if "reward" in cfg else {})},
+        # the split the bundle is deployed under (its meta, set by finetune_from), not the one its
+        # weights were trained under (bundle.json's config; they differ for a re-deployed bundle)
+        env={
+            **{k: v for k, v in (kwargs.get("env") or {}).items() if k not in ("split", "split_tolerance")},
+            **({"reward": cfg["reward"]} if "reward" in cfg else {}),
+        },
         ppo={**ppo, "learning_rate": float(settings.learning_rate)},
         total_timesteps=int(settings.timesteps),
         max_train_s=float(settings.max_s),

@@ -55,6 +55,12 @@ from experiments.reports.fidelity_report import construction_notes, report_markd
 from experiments.reports.markdown import overrides_text
 from experiments.sim_to_real import summary as fs
 from experiments.sim_to_real.checks import collapses, interval_errors, ladder_holdout, speed_ladder
+from experiments.sim_to_real.deployment import (
+    calibrate_and_finetune,
+    deployment_lines,
+    deployment_summary,
+    reloaded,
+)
 from sim.datafiles import dump_json
 from sim.faults import Scenario
 from sim.profile import ClusterProfile
@@ -90,6 +96,9 @@ class Setup:
     scenario: Scenario
     specs: list[dict[str, Any]]
     interval: int
+    #: the profile whose measured ladder the held-out check refits (the stored one: a quick refit
+    #: keeps none); None: ``profile``
+    ladder_of: ClusterProfile | None = None
 
 
 def measure(setup: Setup) -> dict[str, Any]:
@@ -179,7 +188,7 @@ def analyse(setup: Setup, labels: list[str], m: dict[str, Any]) -> dict[str, Any
     prov = profile.meta.get("provenance", {})
     n = int(real_config["workers"])
     runs_df, timelines, speed = m["runs"], m["timelines"], m["speed"]
-    holdout, ladder = ladder_holdout(profile, int(cfg.holdout_every))
+    holdout, ladder = ladder_holdout(setup.ladder_of or profile, int(cfg.holdout_every))
     intervals = interval_errors(timelines[timelines.backend == "real"], profile, scenario, n)
     tta = tta_table(runs_df)
     static = {sp["label"]: sp["batch"] for sp in specs if sp["static"]}
@@ -214,6 +223,8 @@ def analyse(setup: Setup, labels: list[str], m: dict[str, Any]) -> dict[str, Any
         s["ppo_batches"] = fs.ppo_batches(timelines, static[ppo["real"]["best_static"]], n)
     s["targets_met"] = fs.targets_met(s)
     s["collapses"] = collapses(timelines, profile.workload.chance_quality)
+    if m.get("deploy") is not None:  # calibrated right before / fine-tuned: the deployment verdicts
+        s["deployment"] = deployment_summary(runs_df, specs, s["collapses"], m["deploy"], s["targets"])
     s["where_wrong"] = where_wrong(s, tta, intervals, labels, profile)
     return {"summary": s, "tta": tta, "intervals": intervals, "holdout": holdout, "ladder": ladder}
 
@@ -234,7 +245,10 @@ def write_report(
     gap_path = Path(to_absolute_path(str(cfg.observation_gap)))
     gap = read_gap(gap_path) if gap_path.is_file() else None
     known = construction_notes(profile, a["ladder"], gap, shown(gap_path))
-    atomic_write_text(out / "report.md", report_markdown(s, tta, labels, known))
+    report = report_markdown(s, tta, labels, known)
+    if s.get("deployment") is not None:
+        report = report.rstrip("\n") + "\n\n" + "\n".join(deployment_lines(s["deployment"])) + "\n"
+    atomic_write_text(out / "report.md", report)
 
 
 def fidelity(cfg: DictConfig) -> float:
@@ -244,16 +258,28 @@ def fidelity(cfg: DictConfig) -> float:
     scenario = build_scenario(cfg.scenario, profile)
     ppo_path, ppo_note = resolve_ppo(cfg)
     specs = controller_specs(cfg.controllers, int(cfg.initial_batch), ppo_path)
-    setup = Setup(cfg, profile, real_config, scenario, specs, interval)
-    labels = [sp["label"] for sp in specs]
+    stored = profile
+    deploying = bool((cfg.get("calibrate") or {}).get("quick")) or bool(cfg.get("finetune"))
     if cfg.get("reanalyse"):
+        profile, record = reloaded(out, cfg, profile)
+        specs += [
+            {**sp, "label": f"{lab}-ft", "kwargs": {**sp["kwargs"], "path": rec["finetuned"]}}
+            for lab, rec in record["finetune"].items()
+            if rec["kept"]
+            for sp in specs
+            if sp["label"] == lab
+        ]
         m = load_measurements(out)
-        labels = [lab for lab in labels if lab in set(m["runs"]["controller"])]
-    else:
-        m = measure(setup)
+    else:  # the profile measured right before the runs, bundles fine-tuned in it (deployment.py)
+        profile, specs, record = calibrate_and_finetune(
+            cfg, profile, real_config, scenario, specs, interval, out
+        )
+        m = measure(Setup(cfg, profile, real_config, scenario, specs, interval))
         out.mkdir(parents=True, exist_ok=True)
         save_measurements(out, m)
-    m |= {"ppo_path": ppo_path, "ppo_note": ppo_note}
+    setup = Setup(cfg, profile, real_config, scenario, specs, interval, ladder_of=stored)
+    labels = [sp["label"] for sp in specs if sp["label"] in set(m["runs"]["controller"])]
+    m |= {"ppo_path": ppo_path, "ppo_note": ppo_note, "deploy": record if deploying else None}
     a = analyse(setup, labels, m)
     write_report(cfg, out, profile, labels, m, a)
     tau = float(a["summary"]["kendall_tau"])

@@ -61,10 +61,27 @@ def test_the_run_is_the_bundles_own_on_the_refitted_profile_and_bounded(bundle_c
     base = bundle_ctl.bundle.meta.config
     assert cfg.domain == {**base["domain"], "profile": str(refit)}
     assert cfg.finetune_from == str(BUNDLE) and cfg.max_train_s == 30.0 and cfg.total_timesteps == 2048
-    assert list(cfg.cluster_sizes) == list(base["cluster_sizes"]) and cfg.env["reward"] == base["reward"]
+    assert (
+        list(cfg.cluster_sizes) == [2, 2, 2, 2] == list(base["cluster_sizes"])
+        and cfg.env["reward"] == base["reward"]
+    )
     assert cfg.ppo["learning_rate"] == 3e-5 and cfg.resume is False and list(cfg.eval_seeds) == [1000]
     with pytest.raises(ValueError, match=r"finetuning.seeds \[1000\] are the bundle's validation seeds"):
         ft.train_config(bundle_ctl.bundle, refit, ft.Finetuning(seeds=(1000, 2000)), tmp_path / "r2", 0)
+
+
+def test_a_redeployed_universal_bundle_finetunes_on_the_refits_cluster_under_its_deployed_split(
+    refit, tmp_path
+):
+    """The universal bundle was trained over clusters of 2-16 under the balanced split and is deployed
+    under balanced_cost: its fine-tuning runs on the refit's one cluster size, under the deployed split."""
+    from dynamix_gym.learning.training import _env_of_bundle
+
+    bundle = PPOController(path=ROOT / "results" / "policies" / "universal").bundle
+    assert bundle.meta.config["cluster_sizes"] == [2, 4, 8, 16] and bundle.meta.split == "balanced_cost"
+    cfg = ft.train_config(bundle, refit, ft.Finetuning(max_s=30.0, timesteps=2048), tmp_path / "run", seed=0)
+    assert list(cfg.cluster_sizes) == [2, 2, 2, 2] and "split" not in cfg.env
+    assert _env_of_bundle(cfg, bundle).env["split"] == "balanced_cost"
 
 
 def test_the_wall_clock_stops_training_once_its_time_is_up():

@@ -54,3 +54,28 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     again = json.loads((out / "summary.json").read_text())
     assert again["time_to_accuracy"] == first
     assert "reanalyse" not in again["commands"]["fidelity"]
+
+    # deployed as a user would: the profile measured right before the runs (the quick ladder), the
+    # simulated side on its refit, the deployment verdicts in the summary and the report
+    dep = tmp_path / "deploy"
+    deploy_args = (
+        f"profile={prof}", f"out_dir={dep}", f"controllers={controllers}", "real_seeds=[0,1]", "sim_seeds=[0]",
+        "speed_ladder.enabled=false", "time_budget_s=30", "calibrate.quick=true", "calibrate.batches=[16,32,64,128]",
+        "calibrate.max_s=40", "calibrate.refuse=false",
+    )  # fmt: skip
+    proc = _run("experiments.fidelity", *deploy_args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (dep / "profile_refit" / "profile.json").is_file() and (dep / "calibration_quick.json").is_file()
+    d = json.loads((dep / "summary.json").read_text())["deployment"]
+    assert d["calibration"]["verdict"] in ("accepted", "over tolerance, deployed anyway")
+    assert d["calibration"]["refit_profile"].endswith("profile_refit")
+    assert set(d["per_controller"]) == {"static-32", "dlb"} and d["best_static"] == "static-32"
+    assert all(
+        r["runs"] == 2 and r["median_ci95"][0] <= r["median_s"] <= r["median_ci95"][1]
+        for r in d["per_controller"].values()
+    )
+    assert d["learned"] == {} and d["finetune"] == {}
+    assert "## Deployment" in (dep / "report.md").read_text()
+    proc = _run("experiments.fidelity", *deploy_args, "reanalyse=true")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads((dep / "summary.json").read_text())["deployment"] == d

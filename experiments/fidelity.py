@@ -259,16 +259,8 @@ def fidelity(cfg: DictConfig) -> float:
     ppo_path, ppo_note = resolve_ppo(cfg)
     specs = controller_specs(cfg.controllers, int(cfg.initial_batch), ppo_path)
     stored = profile
-    deploying = bool((cfg.get("calibrate") or {}).get("quick")) or bool(cfg.get("finetune"))
     if cfg.get("reanalyse"):
-        profile, record = reloaded(out, cfg, profile)
-        specs += [
-            {**sp, "label": f"{lab}-ft", "kwargs": {**sp["kwargs"], "path": rec["finetuned"]}}
-            for lab, rec in record["finetune"].items()
-            if rec["kept"]
-            for sp in specs
-            if sp["label"] == lab
-        ]
+        profile, specs, record = reloaded(out, cfg, profile, specs)
         m = load_measurements(out)
     else:  # the profile measured right before the runs, bundles fine-tuned in it (deployment.py)
         profile, specs, record = calibrate_and_finetune(
@@ -279,7 +271,9 @@ def fidelity(cfg: DictConfig) -> float:
         save_measurements(out, m)
     setup = Setup(cfg, profile, real_config, scenario, specs, interval, ladder_of=stored)
     labels = [sp["label"] for sp in specs if sp["label"] in set(m["runs"]["controller"])]
-    m |= {"ppo_path": ppo_path, "ppo_note": ppo_note, "deploy": record if deploying else None}
+    # fine-tuning needs the quick calibration: a campaign calibrated right before is a deployment
+    deployed = record if record["calibration"] is not None else None
+    m |= {"ppo_path": ppo_path, "ppo_note": ppo_note, "deploy": deployed}
     a = analyse(setup, labels, m)
     write_report(cfg, out, profile, labels, m, a)
     tau = float(a["summary"]["kendall_tau"])

@@ -29,14 +29,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from adapters.sim2real import GUARD_KEYS
 from experiments.common import shown
 
 log = logging.getLogger(__name__)
 
 #: Bootstrap resamples of the medians and their ratios.
 RESAMPLES = 1999
-#: Guard columns of a run's row (:meth:`sim.guards.Guard.summary`), summed per controller.
-GUARD_COLUMNS = ("guard_firings", "guard_rollbacks", "guard_time_lost_s", "guard_fallback_intervals")
+#: Guard counts of a run's row (:data:`adapters.sim2real.GUARD_KEYS` but the mode), summed per controller.
+GUARD_COLUMNS = tuple(k for k in GUARD_KEYS if k != "guard_mode")
+#: Where a fine-tuning of ``label`` writes its run and its record, under ``out_dir``.
+FINETUNE_DIR = "finetune_{}"
 
 
 def finetune_labels(value: Any, specs: Sequence[dict[str, Any]]) -> list[str]:
@@ -51,6 +54,17 @@ def finetune_labels(value: Any, specs: Sequence[dict[str, Any]]) -> list[str]:
                 f"finetune: {lab!r} is not a PPO controller of this run (PPO labels: {sorted(ppo) or 'none'})"
             )
     return labels
+
+
+def with_finetuned(specs: list[dict[str, Any]], finetuned: dict[str, Any]) -> list[dict[str, Any]]:
+    """``specs`` and, per kept fine-tuning record (label -> record), its ``<label>-ft`` spec."""
+    return specs + [
+        {**sp, "label": f"{lab}-ft", "kwargs": {**sp["kwargs"], "path": rec["finetuned"]}}
+        for lab, rec in finetuned.items()
+        if rec["kept"]
+        for sp in specs
+        if sp["label"] == lab
+    ]
 
 
 def ladder_backend(real_config: dict[str, Any]) -> Any:
@@ -91,7 +105,7 @@ def calibrate_and_finetune(
     out.mkdir(parents=True, exist_ok=True)
     from dynamix_gym.measurement.profiling import quiet_wait
 
-    record["quiet"] = quiet_wait(cfg.quiet)  # the ladder is a measurement too
+    quiet_wait(cfg.quiet)  # the ladder is a measurement too
     backend = ladder_backend(real_config)
     try:
         record["calibration"] = quick_calibrate(backend, profile, calibration, out, int(cfg.get("seed", 0)))
@@ -101,7 +115,6 @@ def calibrate_and_finetune(
     refit = load_profile(refit_dir)
     from adapters.sim2real import spec_controller
 
-    added = []
     for lab in labels:
         sp = next(s for s in specs if s["label"] == lab)
         controller = check_finetune(spec_controller(sp), True)
@@ -111,35 +124,36 @@ def calibrate_and_finetune(
             scenario,
             interval,
             finetuning,
-            out / f"finetune_{lab}",
+            out / FINETUNE_DIR.format(lab),
             int(cfg.get("seed", 0)),
         )
         record["finetune"][lab] = rec
-        if rec["kept"]:
-            added.append({**sp, "label": f"{lab}-ft", "kwargs": {**sp["kwargs"], "path": rec["finetuned"]}})
-        else:
+        if not rec["kept"]:
             log.info(
                 "finetune %s: not kept, so %s-ft is %s itself (its runs are not repeated)", lab, lab, lab
             )
-    return refit, specs + added, record
+    return refit, with_finetuned(specs, record["finetune"]), record
 
 
-def reloaded(out: Path, cfg: Any, profile: Any) -> tuple[Any, dict[str, Any]]:
-    """``reanalyse=true``: the refit the runs were compared against, and the record, if calibrated."""
+def reloaded(
+    out: Path, cfg: Any, profile: Any, specs: list[dict[str, Any]]
+) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    """``reanalyse=true``: what :func:`calibrate_and_finetune` returned when ``out`` was measured."""
     import json
 
     from experiments.deploy_calibration import RECORD_FILE, REFIT_DIR
+    from experiments.deploy_finetune import RECORD_FILE as FINETUNE_RECORD
     from sim.profile import load_profile
 
     record: dict[str, Any] = {"calibration": None, "finetune": {}}
     if not (cfg.get("calibrate") or {}).get("quick"):
-        return profile, record
+        return profile, specs, record
     record["calibration"] = json.loads((out / RECORD_FILE).read_text())
-    for d in sorted(out.glob("finetune_*")):
-        f = d / "finetune.json"
+    for sp in specs:
+        f = out / FINETUNE_DIR.format(sp["label"]) / FINETUNE_RECORD
         if f.is_file():
-            record["finetune"][d.name.removeprefix("finetune_")] = json.loads(f.read_text())
-    return load_profile(out / REFIT_DIR), record
+            record["finetune"][sp["label"]] = json.loads(f.read_text())
+    return load_profile(out / REFIT_DIR), with_finetuned(specs, record["finetune"]), record
 
 
 def _scores(g: pd.DataFrame) -> np.ndarray:

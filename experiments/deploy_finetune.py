@@ -2,19 +2,34 @@
 finetune=true calibrate.quick=true policy=<bundle>``.
 
 After the quick calibration (:mod:`experiments.deploy_calibration`) wrote ``<run dir>/profile_refit``,
-the PPO bundle is fine-tuned (:func:`dynamix_gym.learning.training.train` with ``finetune_from``) on
-its own training domain with that profile, for at most ``finetuning.max_s`` seconds of PPO updates
-(and ``finetuning.timesteps``), then both bundles run the deploy's scenario in the refitted simulator
-on held-out seeds (``finetuning.seeds``: never the bundle's validation seeds). The fine-tuned bundle
-is kept only if its mean score there (its time to accuracy, the time budget when a run misses the target)
-is lower than the bundle's; else the deploy runs the bundle as it came. ``finetune.json`` in the run
-dir holds both scores per seed and the verdict; the fine-tuned bundle stays in ``finetune/policy``.
+the PPO bundle is fine-tuned (:func:`dynamix_gym.learning.training.train` with ``finetune_from``) in
+worlds of that profile shaped like the deploy: the refit's cluster with random static speed gaps
+between its workers and one throttling window at the time scale of the job's episode (the bundle's
+own time to accuracy on the deploy's scenario at the fine-tune's seed), at the deploy's interval K.
+``finetuning.method``:
+
+- ``imitate`` (the default): DAgger from the bundle's own weights (Ross et al., AISTATS 2011): the
+  expert the bundle was distilled from (its config's ``expert_pretrain.expert``; the time-to-target
+  oracle when it has none) labels the refit worlds' states, first its own, then those the learner
+  visits, and the bundle is cloned on them with its observation statistics kept; then
+  ``finetuning.timesteps`` PPO steps (0: none; as with ``ppo``).
+- ``ppo``: PPO alone for ``finetuning.timesteps`` steps, observation statistics frozen and the
+  critic warmed up for the first quarter (the actor frozen while the value function learns the
+  refit's returns).
+
+Both are bounded by ``finetuning.max_s`` seconds (no DAgger round and no PPO update starts after
+it). Then both bundles run the deploy's scenario in the refitted simulator on held-out seeds
+(``finetuning.seeds``: never the bundle's validation seeds nor the fine-tune's). The fine-tuned
+bundle is kept only if its mean score there (its time to accuracy, the time budget when a run misses
+the target) is lower than the bundle's; else the deploy runs the bundle as it came. ``finetune.json``
+in the run dir holds both scores per seed and the verdict; the fine-tuned bundle stays in
+``finetune/policy``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +52,54 @@ RECORD_FILE = "finetune.json"
 RUN_DIR = "finetune"
 
 
+METHODS = ("imitate", "ppo")
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
+
+
 @dataclass(frozen=True)
 class Finetuning:
     """``finetuning`` in ``conf/deploy.yaml``; every field is checked with its range."""
 
+    method: str = "imitate"
     max_s: float = 120.0
-    timesteps: int = 20_000
-    learning_rate: float = 3e-5
+    timesteps: int = 0  # PPO steps (after the imitation with method=imitate)
+    learning_rate: float = 3e-5  # PPO's
+    episodes: int = 100  # the expert's own episodes (method=imitate)
+    dagger_rounds: int = 3
+    dagger_episodes: int = 50  # the learner's per round
+    epochs: int = 20  # cloning epochs on the expert's episodes (half as many after each round)
+    domain: dict[str, Any] = field(default_factory=dict)  # DomainRandomization fields over the default worlds
     seeds: tuple[int, ...] = (2000, 2001, 2002, 2003, 2004, 2005)
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"finetuning.method must be one of {list(METHODS)}, got {self.method!r}")
         ok = not isinstance(self.max_s, bool) and isinstance(self.max_s, int | float)
         if not ok or not 0 < self.max_s <= 3600:
             raise ValueError(f"finetuning.max_s must lie in (0, 3600] seconds, got {self.max_s!r}")
-        if (
-            isinstance(self.timesteps, bool)
-            or not isinstance(self.timesteps, int)
-            or not 1 <= self.timesteps <= 10**7
-        ):
+        low = 1 if self.method == "ppo" else 0
+        if not _whole(self.timesteps, low, 10**7):
             raise ValueError(
-                f"finetuning.timesteps must be an integer in [1, 10000000], got {self.timesteps!r}"
+                f"finetuning.timesteps must be an integer in [{low}, 10000000] with method={self.method}, "
+                f"got {self.timesteps!r}"
             )
         lr = self.learning_rate
         if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr <= 1e-2:
             raise ValueError(f"finetuning.learning_rate must lie in (0, 0.01], got {lr!r}")
+        for name, low, high in (("episodes", 1, 10_000), ("dagger_rounds", 0, 20),
+                                ("dagger_episodes", 1, 10_000), ("epochs", 1, 1000)):  # fmt: skip
+            if not _whole(getattr(self, name), low, high):
+                raise ValueError(
+                    f"finetuning.{name} must be an integer in [{low}, {high}], got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.domain, dict):
+            raise ValueError(
+                f"finetuning.domain must be a mapping of DomainRandomization fields, got {self.domain!r}"
+            )
         if not 1 <= len(set(self.seeds)) <= 100 or any(
             isinstance(s, bool) or not isinstance(s, int) for s in self.seeds
         ):
@@ -90,42 +128,97 @@ def check_finetune(controller: Any, calibrating: bool) -> PPOController:
     return controller
 
 
-def train_config(bundle: Any, refit_dir: Path, settings: Finetuning, run_dir: Path, seed: int) -> TrainConfig:
-    """The bundle's own training config, on its domain with the refitted profile, fine-tuning from it
-    for a bounded time (no checkpoints to resume, one validation seed at the start and the end)."""
+def finetune_domain(refit_dir: Path, scale_s: float, settings: Finetuning) -> dict[str, Any]:
+    """The fine-tuning worlds: the refit's cluster and job, its workers' static speeds ~ exp(N(0, 0.5))
+    apart, one throttling window (to 0.3-0.8x) starting within the first ``scale_s`` seconds and
+    lasting 10-50 % of them (the shape of ``experiment=train_profile``'s domain, scaled to this
+    job's episode), then ``finetuning.domain`` over it."""
+    s = float(scale_s)
+    return {
+        "profile": str(refit_dir),
+        "scenarios": ["static_hetero"],  # fault rates are per hour: nothing else happens in an episode
+        "speed_sd": 0.5,
+        "throttle_windows": 1,
+        "window_start_s": [0.0, s],
+        "window_duration_s": [0.1 * s, 0.5 * s],
+        "window_factor": [0.3, 0.8],
+        **settings.domain,
+    }
+
+
+def expert_of(bundle: Any) -> dict[str, Any]:
+    """The expert ``bundle`` was distilled from (its config's ``expert_pretrain``), else the
+    time-to-target oracle."""
+    pre = (bundle.meta.config or {}).get("expert_pretrain") or {}
+    if pre.get("expert"):
+        return {"expert": str(pre["expert"]), "expert_kwargs": dict(pre.get("expert_kwargs") or {})}
+    return {"expert": "oracle", "expert_kwargs": {"objective": "time_to_target", "batch_penalty": 0.0}}
+
+
+def train_config(
+    bundle: Any,
+    refit_dir: Path,
+    settings: Finetuning,
+    run_dir: Path,
+    seed: int,
+    interval: int,
+    scale_s: float,
+) -> TrainConfig:
+    """The bundle's own training config (its policy, PPO and reward settings), in the refit's worlds
+    (:func:`finetune_domain`) at the deploy's ``interval``, fine-tuning from it as ``settings.method``
+    says, bounded by ``settings.max_s`` (no checkpoints to resume; validated on one seed of those
+    worlds at the start and the end)."""
     cfg = dict(bundle.meta.config or {})
     names = {f.name for f in fields(TrainConfig)}
     kwargs = {k: v for k, v in cfg.items() if k in names}
-    held_out = set(settings.seeds) & {int(s) for s in kwargs.get("eval_seeds", ())}
+    held_out = set(settings.seeds) & ({int(s) for s in kwargs.get("eval_seeds", ())} | {int(seed)})
     if held_out:
         raise ValueError(
-            f"finetuning.seeds {sorted(held_out)} are the bundle's validation seeds: held-out seeds must differ"
+            f"finetuning.seeds {sorted(held_out)} are the bundle's validation seeds or the fine-tune's "
+            "seed: held-out seeds must differ"
         )
     ppo = {k: v for k, v in (kwargs.get("ppo") or {}).items() if k in FINETUNE_PPO_KEYS}
+    workers = load_profile(refit_dir).cluster.num_workers
+    imitate = settings.method == "imitate"
     kwargs.update(
         run_dir=str(run_dir),
         seed=int(seed),
         finetune_from=str(bundle.path),
         # as many envs as the bundle trained with, each of the refit's one cluster size (a universal
         # bundle was trained over several sizes; a profile measured one)
-        cluster_sizes=[load_profile(refit_dir).cluster.num_workers] * len(kwargs.get("cluster_sizes") or [1]),
-        domain={**(kwargs.get("domain") or {}), "profile": str(refit_dir)},
+        cluster_sizes=[workers] * len(kwargs.get("cluster_sizes") or [1]),
+        domain=finetune_domain(refit_dir, scale_s, settings),
         # the split the bundle is deployed under (its meta, set by finetune_from), not the one its
         # weights were trained under (bundle.json's config; they differ for a re-deployed bundle)
         env={
             **{k: v for k, v in (kwargs.get("env") or {}).items() if k not in ("split", "split_tolerance")},
             **({"reward": cfg["reward"]} if "reward" in cfg else {}),
+            "interval": int(interval),
         },
         ppo={**ppo, "learning_rate": float(settings.learning_rate)},
         total_timesteps=int(settings.timesteps),
         max_train_s=float(settings.max_s),
-        eval_every=10 * int(settings.timesteps),  # validated at the start and the end only
+        # its weights read inputs normalised by its statistics: PPO must not move them under it
+        freeze_obs_norm=bool(kwargs.get("normalize_obs", True)),
+        # the critic meets the refit's returns first (after an imitation too): actor frozen meanwhile
+        critic_warmup_steps=int(settings.timesteps) // 4,
+        eval_every=10 * max(int(settings.timesteps), 1),  # validated at the start and the end only
+        eval_scenarios=["domain"],
+        eval_workers=workers,
         eval_seeds=list(kwargs.get("eval_seeds") or [1000])[:1],
         eval_tasks=(),
-        checkpoint_every=10 * int(settings.timesteps),
+        checkpoint_every=10 * max(int(settings.timesteps), 1),
         resume=False,
         subprocess=False,
-        expert_pretrain=None,
+        expert_pretrain={
+            **expert_of(bundle),
+            "episodes": settings.episodes,
+            "epochs": settings.epochs,
+            "dagger_rounds": settings.dagger_rounds,
+            "dagger_episodes": settings.dagger_episodes,
+        }
+        if imitate
+        else None,
         progress_bar=bool(settings.progress),
     )
     return TrainConfig(**kwargs)
@@ -169,9 +262,19 @@ def finetune_in_refit(
     """Fine-tune, score both bundles on the held-out seeds, and return the controller to deploy
     (the fine-tuned one only if it is faster there) with the record written to ``out/finetune.json``."""
     bundle = controller.bundle
-    cfg = train_config(bundle, refit_dir, settings, out / RUN_DIR, seed)
+    if int(seed) in set(settings.seeds):
+        raise ValueError(
+            f"seed {seed} is one of finetuning.seeds (held out): the fine-tune's seed must differ"
+        )
+    # the time scale of the job's episode: the bundle's own run of the deploy's scenario at the
+    # fine-tune's seed (not a held-out one)
+    scale_s = held_out_tta(controller, refit_dir, scenario, interval, (int(seed),))[0]
+    cfg = train_config(bundle, refit_dir, settings, out / RUN_DIR, seed, interval, scale_s)
     log.info(
-        "fine-tuning %s in the refitted simulator for at most %.0f s", shown(bundle.path), settings.max_s
+        "fine-tuning %s in the refitted simulator (%s) for at most %.0f s",
+        shown(bundle.path),
+        settings.method,
+        settings.max_s,
     )
     # the fine-tuned bundle records the run that made it (its domain's profile: the refitted one)
     made = {f.name: getattr(cfg, f.name) for f in fields(TrainConfig)}
@@ -195,7 +298,13 @@ def finetune_in_refit(
         "seeds": list(settings.seeds),
         "tta_s": {"bundle": before, "finetuned": after},
         "mean_tta_s": {"bundle": float(np.mean(before)), "finetuned": float(np.mean(after))},
-        "train": {k: result[k] for k in ("timesteps", "train_seconds", "stopped_by_wall_clock")},
+        "method": settings.method,
+        "episode_scale_s": scale_s,
+        "train": {
+            **{k: result[k] for k in ("timesteps", "train_seconds", "stopped_by_wall_clock")},
+            "seconds": result.get("seconds"),
+            "imitation": result.get("warm_start"),
+        },
         "max_s": settings.max_s,
         "kept": kept,
     }

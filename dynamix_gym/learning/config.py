@@ -160,8 +160,12 @@ class TrainConfig:
     eval_tasks: tuple[Any, ...] = ()
     progress_bar: bool = True
     resume: bool = True  # continue from the newest checkpoint in run_dir/checkpoints if any
-    finetune_from: str | None = None  # start from this bundle instead of a fresh policy
-    max_train_s: float | None = None  # wall-clock bound of the PPO updates (None: total_timesteps alone)
+    # start from this bundle instead of a fresh policy (with expert_pretrain: DAgger from its weights,
+    # its observation statistics kept, then PPO)
+    finetune_from: str | None = None
+    # wall-clock bound of the warm start's DAgger rounds and the PPO updates together, from the
+    # start of the run (None: total_timesteps and the rounds alone)
+    max_train_s: float | None = None
     # Behaviour-cloning warm start of a fresh policy from an expert controller (None: off), e.g.
     # {"expert": "oracle", "episodes": 120, "epochs": 20}: an ExpertPretrainConfig or its mapping.
     expert_pretrain: ExpertPretrainConfig | None = None
@@ -251,10 +255,6 @@ def check_train_config(cfg: TrainConfig) -> None:
         )
     if cfg.algorithm == "maskable_ppo" and cfg.obs_form != "per_worker":
         raise ValueError("algorithm=maskable_ppo needs obs_form=per_worker (one masked step per worker)")
-    if expert is not None and expert.bc_coef > 0 and cfg.finetune_from:
-        raise ValueError(
-            "expert_pretrain.bc_coef > 0 keeps cloning the warm start's data; finetune_from has none"
-        )
     _check_keys("ppo", cfg.ppo, _keywords(algo.__init__) - {"policy", "env"}, algo.__name__)
     _check_keys("env", cfg.env, _keywords(HeteroClusterEnv.__init__), "HeteroClusterEnv")
     domain_fields = {f.name for f in dataclasses.fields(DomainRandomization)} - {"workers"}

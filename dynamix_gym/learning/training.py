@@ -307,7 +307,7 @@ def _finetune(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path) -> Start:
     return Start(model, venv, reset_timesteps=True)
 
 
-def _fresh(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path) -> Start:
+def _fresh(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path, deadline: float | None = None) -> Start:
     """A new policy, warm-started from ``expert_pretrain``'s expert when set."""
     if cfg.normalize_obs or cfg.normalize_reward:
         venv = VecNormalize(
@@ -331,15 +331,17 @@ def _fresh(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path) -> Start:
     )
     start = Start(model, venv, reset_timesteps=True)
     if cfg.expert_pretrain:
-        start.warm_start_stats, start.expert_data = warm_start(cfg, model, venv)
+        start.warm_start_stats, start.expert_data = warm_start(cfg, model, venv, deadline=deadline)
         if cfg.freeze_obs_norm:
             freeze_obs_stats(venv)
     return start
 
 
-def start_model(cfg: TrainConfig, venv: VecEnv, run_dir: Path) -> Start:
+def start_model(cfg: TrainConfig, venv: VecEnv, run_dir: Path, deadline: float | None = None) -> Start:
     """Resume the newest checkpoint (``resume``), else fine-tune ``finetune_from`` (into a
-    centralised critic with ``critic=centralised``), else start a fresh policy."""
+    centralised critic with ``critic=centralised``; with ``expert_pretrain``, DAgger from the
+    bundle's own weights first), else start a fresh policy. ``deadline``: no DAgger round of a
+    warm start begins after it (``max_train_s``)."""
     algo = algorithm_class(cfg.algorithm)
     checkpoint = latest_checkpoint(run_dir / "checkpoints") if cfg.resume else None
     if checkpoint is not None:
@@ -348,8 +350,15 @@ def start_model(cfg: TrainConfig, venv: VecEnv, run_dir: Path) -> Start:
         model = _central_from_bundle(cfg, load_bundle(cfg.finetune_from), venv, algo, run_dir)
         return Start(model, model.get_env(), reset_timesteps=True)
     if cfg.finetune_from:
-        return _finetune(cfg, venv, algo, run_dir)
-    return _fresh(cfg, venv, algo, run_dir)
+        start = _finetune(cfg, venv, algo, run_dir)
+        if cfg.expert_pretrain:
+            # the bundle's weights read inputs normalised by its own statistics: those stay
+            has_stats = load_bundle(cfg.finetune_from).obs_norm is not None
+            start.warm_start_stats, start.expert_data = warm_start(
+                cfg, start.model, start.venv, keep_obs_stats=has_stats, deadline=deadline
+            )
+        return start
+    return _fresh(cfg, venv, algo, run_dir, deadline)
 
 
 def cloning_term(cfg: TrainConfig, start: Start, run_dir: Path) -> list[BaseCallback]:
@@ -430,12 +439,15 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.finetune_from:
         cfg = _env_of_bundle(cfg, load_bundle(cfg.finetune_from))
-    start = start_model(cfg, make_train_venv(cfg), run_dir)
+    # max_train_s bounds the warm start's DAgger rounds and the PPO updates together
+    began = time.perf_counter()
+    deadline = began + cfg.max_train_s if cfg.max_train_s is not None else None
+    start = start_model(cfg, make_train_venv(cfg), run_dir, deadline)
     model, venv = start.model, start.venv
     bc_term = cloning_term(cfg, start, run_dir)
     meta_fn = bundle_meta_fn(cfg, start, config_dict)
     eval_cb = TTAEvalCallback(cfg, meta_fn, best_dir)
-    clock = WallClockLimit(cfg.max_train_s) if cfg.max_train_s is not None else None
+    clock = WallClockLimit(cfg.max_train_s, started=began) if cfg.max_train_s is not None else None
     callbacks = CallbackList(
         [
             *bc_term,
@@ -481,6 +493,8 @@ def train(cfg: TrainConfig, config_dict: dict[str, Any] | None = None) -> dict[s
         "history": eval_cb.history,
         "timesteps": int(model.num_timesteps),
         "train_seconds": train_s,
+        "seconds": time.perf_counter() - began,  # the warm start and validation included
+        "warm_start": start.warm_start_stats or None,
         "stopped_by_wall_clock": bool(clock is not None and clock.stopped),
         "best_bundle": str(best_dir),
         "final_bundle": str(final_dir),

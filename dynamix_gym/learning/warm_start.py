@@ -41,9 +41,18 @@ def expert_cache_path(cache_dir: str | None, collect: dict[str, Any]) -> Path | 
     return Path(cache_dir) / f"expert-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
 
 
-def warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, Any], Any]:
+def warm_start(
+    cfg: TrainConfig,
+    model: PPO,
+    venv: VecEnv,
+    keep_obs_stats: bool = False,
+    deadline: float | None = None,
+) -> tuple[dict[str, Any], Any]:
     """Behaviour cloning from an expert (dynamix_gym.learning.imitation); also seeds VecNormalize's
     observation and return statistics with the expert's data so PPO starts where BC left off.
+    ``keep_obs_stats``: the observation statistics ``venv`` has are kept (a fine-tuned bundle's: its
+    weights read inputs normalised by them) and only the return statistics are seeded. ``deadline``
+    (a ``time.perf_counter()`` value): no DAgger round starts after it (the stats say how many ran).
     Returns the statistics and the data cloned (expert and DAgger rows: the cloning term's)."""
     from dynamix_gym.learning.imitation import ExpertData, collect_expert_data, pretrain
 
@@ -78,10 +87,11 @@ def warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, An
     scale = 1.0
     obs_fn = lambda x: x  # noqa: E731
     if isinstance(venv, VecNormalize):
-        if venv.norm_obs:
+        if venv.norm_obs and not keep_obs_stats:
             venv.obs_rms.mean = data.obs.mean(axis=0).astype(np.float64)
             venv.obs_rms.var = data.obs.var(axis=0).astype(np.float64)
             venv.obs_rms.count = float(len(data.obs))
+        if venv.norm_obs:
             obs_fn = venv.normalize_obs
         if venv.norm_reward:
             venv.ret_rms.var = np.asarray(float(np.var(data.returns)))
@@ -94,7 +104,12 @@ def warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, An
         model, data, obs_fn, scale, epochs=epochs, learning_rate=lr, seed=cfg.seed, per_episode=per_episode
     )
     rounds = []
+    stopped = False
     for k in range(int(opts.dagger_rounds)):
+        if deadline is not None and time.perf_counter() >= deadline:
+            stopped = True
+            log.info("warm start: time is up after %d of %d DAgger rounds", k, int(opts.dagger_rounds))
+            break
         # DAgger: the learner acts, the expert labels; retrain on everything gathered so far.
         new = collect_expert_data(
             cfg.domain,
@@ -121,6 +136,8 @@ def warm_start(cfg: TrainConfig, model: PPO, venv: VecEnv) -> tuple[dict[str, An
         )
         rounds.append({"learner_mean_tta_s": new.mean_tta_s, **stats})
     stats["dagger"] = rounds
+    if deadline is not None:
+        stats["stopped_by_wall_clock"] = stopped
     stats.update(
         expert=expert["expert"],
         episodes=data.episodes,

@@ -244,12 +244,27 @@ def deployment_summary(
             lab: {
                 "kept": bool(rec["kept"]),
                 "mean_tta_s": rec["mean_tta_s"],
+                # records before the imitation method were PPO's alone, timed by its updates
+                "method": rec.get("method", "ppo"),
                 "timesteps": rec["train"]["timesteps"],
-                "train_seconds": rec["train"]["train_seconds"],
+                "seconds": rec["train"].get("seconds") or rec["train"]["train_seconds"],
+                "imitation": _imitation_brief(rec["train"].get("imitation")),
                 "finetuned": rec["finetuned"],
             }
             for lab, rec in record.get("finetune", {}).items()
         },
+    }
+
+
+def _imitation_brief(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not stats:
+        return None
+    return {
+        "expert": stats["expert"],
+        "episodes": stats["episodes"],
+        "dagger_rounds": len(stats.get("dagger") or []),
+        "action_agreement": stats["action_agreement"],
+        "expert_mean_tta_s": stats["expert_mean_tta_s"],
     }
 
 
@@ -282,8 +297,15 @@ def deployment_lines(d: dict[str, Any] | None) -> list[str]:
         ]
     for lab, ft in d["finetune"].items():
         m = ft["mean_tta_s"]
+        how = f"{ft['timesteps']} PPO timesteps"
+        im = ft.get("imitation")
+        if im:
+            how = (
+                f"DAgger from its weights with the {im['expert']} expert: {im['episodes']} episodes, "
+                f"{im['dagger_rounds']} rounds, {im['action_agreement']:.0%} agreement; then {how}"
+            )
         out.append(
-            f"- Fine-tuned {lab} in the refit ({ft['timesteps']} timesteps, {ft['train_seconds']:.0f} s): mean time "
+            f"- Fine-tuned {lab} in the refit ({how}; {ft['seconds']:.0f} s): mean time "
             f"to accuracy on held-out simulated seeds {m['finetuned']:.2f} s vs the bundle's {m['bundle']:.2f} s: "
             + (
                 f"kept ({shown(Path(ft['finetuned']))}), run as {lab}-ft"

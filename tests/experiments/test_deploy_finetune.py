@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from support import ROOT
 
@@ -34,10 +35,21 @@ def refit(tmp_path):
     ("values", "message"),
     [
         ({"max_s": 0}, r"finetuning.max_s must lie in \(0, 3600\] seconds, got 0"),
-        ({"timesteps": 0}, r"finetuning.timesteps must be an integer in \[1, 10000000\], got 0"),
+        (
+            {"method": "ppo", "timesteps": 0},
+            r"finetuning.timesteps must be an integer in \[1, 10000000\] with method=ppo, got 0",
+        ),
+        (
+            {"timesteps": -1},
+            r"finetuning.timesteps must be an integer in \[0, 10000000\] with method=imitate",
+        ),
+        ({"method": "bc"}, r"finetuning.method must be one of \['imitate', 'ppo'\], got 'bc'"),
+        ({"dagger_rounds": 21}, r"finetuning.dagger_rounds must be an integer in \[0, 20\], got 21"),
+        ({"episodes": 0}, r"finetuning.episodes must be an integer in \[1, 10000\], got 0"),
+        ({"domain": [1]}, r"finetuning.domain must be a mapping of DomainRandomization fields"),
         ({"learning_rate": 0.5}, r"finetuning.learning_rate must lie in \(0, 0.01\], got 0.5"),
         ({"seeds": []}, "finetuning.seeds must list 1-100 distinct integer seeds, got"),
-        ({"budget": 1}, r"finetuning.budget is not a setting; finetuning takes \['max_s'"),
+        ({"budget": 1}, r"finetuning.budget is not a setting; finetuning takes \['method', 'max_s'"),
     ],
 )
 def test_bad_settings_name_the_field_and_range(values, message):
@@ -55,19 +67,52 @@ def test_finetune_needs_the_refit_and_a_bundle(bundle_ctl):
     assert ft.check_finetune(bundle_ctl, calibrating=True) is bundle_ctl
 
 
-def test_the_run_is_the_bundles_own_on_the_refitted_profile_and_bounded(bundle_ctl, refit, tmp_path):
-    settings = ft.Finetuning(max_s=30.0, timesteps=2048)
-    cfg = ft.train_config(bundle_ctl.bundle, refit, settings, tmp_path / "run", seed=3)
+def test_the_run_is_the_bundles_own_in_worlds_of_the_refit_shaped_like_the_deploy(
+    bundle_ctl, refit, tmp_path
+):
+    settings = ft.Finetuning(max_s=30.0, timesteps=2048, domain={"speed_sd": 0.3})
+    cfg = ft.train_config(
+        bundle_ctl.bundle, refit, settings, tmp_path / "run", seed=3, interval=10, scale_s=8.0
+    )
     base = bundle_ctl.bundle.meta.config
-    assert cfg.domain == {**base["domain"], "profile": str(refit)}
+    assert cfg.domain == {
+        "profile": str(refit), "scenarios": ["static_hetero"], "speed_sd": 0.3, "throttle_windows": 1,
+        "window_start_s": [0.0, 8.0], "window_duration_s": [0.8, 4.0], "window_factor": [0.3, 0.8],
+    }  # fmt: skip
     assert cfg.finetune_from == str(BUNDLE) and cfg.max_train_s == 30.0 and cfg.total_timesteps == 2048
     assert (
         list(cfg.cluster_sizes) == [2, 2, 2, 2] == list(base["cluster_sizes"])
         and cfg.env["reward"] == base["reward"]
+        and cfg.env["interval"] == 10  # the deploy's K, not the bundle's training K
     )
     assert cfg.ppo["learning_rate"] == 3e-5 and cfg.resume is False and list(cfg.eval_seeds) == [1000]
+    # imitation of the expert the bundle was distilled from, its statistics kept, the critic warmed up
+    assert cfg.expert_pretrain.expert == base["expert_pretrain"]["expert"] == "oracle"
+    assert (cfg.expert_pretrain.episodes, cfg.expert_pretrain.dagger_rounds) == (100, 3)
+    assert cfg.freeze_obs_norm and cfg.critic_warmup_steps == 512
+    assert list(cfg.eval_scenarios) == ["domain"] and cfg.eval_workers == 2
+    ppo_only = ft.train_config(
+        bundle_ctl.bundle, refit, ft.Finetuning(method="ppo", timesteps=100), tmp_path / "r", 3, 10, 8.0
+    )
+    assert ppo_only.expert_pretrain is None and ppo_only.total_timesteps == 100
     with pytest.raises(ValueError, match=r"finetuning.seeds \[1000\] are the bundle's validation seeds"):
-        ft.train_config(bundle_ctl.bundle, refit, ft.Finetuning(seeds=(1000, 2000)), tmp_path / "r2", 0)
+        ft.train_config(
+            bundle_ctl.bundle, refit, ft.Finetuning(seeds=(1000, 2000)), tmp_path / "r2", 0, 10, 8.0
+        )
+    with pytest.raises(
+        ValueError, match=r"finetuning.seeds \[7\] are the bundle's validation seeds or the fine-tune's seed"
+    ):
+        ft.train_config(bundle_ctl.bundle, refit, ft.Finetuning(seeds=(7, 2000)), tmp_path / "r3", 7, 10, 8.0)
+
+
+def test_a_bundle_without_an_expert_imitates_the_time_to_target_oracle(bundle_ctl):
+    from types import SimpleNamespace
+
+    bare = SimpleNamespace(meta=SimpleNamespace(config={"expert_pretrain": None}))
+    assert ft.expert_of(bare) == {
+        "expert": "oracle", "expert_kwargs": {"objective": "time_to_target", "batch_penalty": 0.0},
+    }  # fmt: skip
+    assert ft.expert_of(bundle_ctl.bundle)["expert"] == "oracle"
 
 
 def test_a_redeployed_universal_bundle_finetunes_on_the_refits_cluster_under_its_deployed_split(
@@ -79,7 +124,9 @@ def test_a_redeployed_universal_bundle_finetunes_on_the_refits_cluster_under_its
 
     bundle = PPOController(path=ROOT / "results" / "policies" / "universal").bundle
     assert bundle.meta.config["cluster_sizes"] == [2, 4, 8, 16] and bundle.meta.split == "balanced_cost"
-    cfg = ft.train_config(bundle, refit, ft.Finetuning(max_s=30.0, timesteps=2048), tmp_path / "run", seed=0)
+    cfg = ft.train_config(
+        bundle, refit, ft.Finetuning(max_s=30.0, timesteps=2048), tmp_path / "run", 0, 20, 5.0
+    )
     assert list(cfg.cluster_sizes) == [2, 2, 2, 2] and "split" not in cfg.env
     assert _env_of_bundle(cfg, bundle).env["split"] == "balanced_cost"
 
@@ -94,6 +141,13 @@ def test_the_wall_clock_stops_training_once_its_time_is_up():
     assert not limit._on_step() and limit.stopped
     with pytest.raises(ValueError, match="max_train_s must be a finite number of seconds > 0, got 0"):
         WallClockLimit(0)
+    # started before learn (a warm start's time counts): the bound runs from then
+    now[0] = 10.0
+    early = WallClockLimit(5.0, clock=lambda: now[0], started=7.0)
+    early._on_training_start()
+    assert early._on_step()
+    now[0] = 12.0
+    assert not early._on_step() and early.stopped
 
 
 @pytest.mark.parametrize(
@@ -124,13 +178,22 @@ def test_the_fine_tuned_bundle_is_kept_only_if_faster_on_the_held_out_seeds(
 def test_a_short_fine_tune_in_the_refitted_simulator_writes_its_bundle_and_verdict(
     bundle_ctl, refit, tmp_path
 ):
-    settings = ft.Finetuning(max_s=60.0, timesteps=1024, seeds=(2000, 2001), progress=False)
+    settings = ft.Finetuning(
+        max_s=60.0, timesteps=1024, episodes=6, dagger_rounds=1, dagger_episodes=4, epochs=2,
+        seeds=(2000, 2001), progress=False,
+    )  # fmt: skip
     chosen, record = ft.finetune_in_refit(
         bundle_ctl, refit, SCENARIOS["static_hetero"], 20, settings, tmp_path, 0
     )
     assert record["train"]["timesteps"] >= 1024 or record["train"]["stopped_by_wall_clock"]
+    imitation = record["train"]["imitation"]
+    assert imitation["expert"] == "oracle" and imitation["episodes"] == 10 and len(imitation["dagger"]) == 1
+    assert record["method"] == "imitate" and record["episode_scale_s"] > 0
     tuned = PPOController(path=tmp_path / ft.RUN_DIR / "policy")
     assert tuned.bundle.meta.config["domain"]["profile"] == str(refit)  # it records where it was tuned
+    # the imitation kept the statistics the bundle's weights read (frozen through PPO too)
+    np.testing.assert_array_equal(tuned.bundle.obs_norm.mean, bundle_ctl.bundle.obs_norm.mean)
+    np.testing.assert_array_equal(tuned.bundle.obs_norm.var, bundle_ctl.bundle.obs_norm.var)
     assert tuned.env_options() == bundle_ctl.env_options()  # the deploy's env fits either
     means = record["mean_tta_s"]
     assert (

@@ -152,13 +152,39 @@ def test_the_cloning_term_holds_ppo_near_its_teacher(tmp_path):
     assert agreement(held) > agreement(free) + 0.05
 
 
-def test_a_cloning_term_without_data_is_refused(tmp_path):
+def test_a_cloning_term_is_checked_and_a_fine_tune_may_keep_one(tmp_path):
     import pytest
 
     from dynamix_gym.learning.training import check_train_config
 
     base = TrainConfig(run_dir=str(tmp_path), expert_pretrain={"expert": "oracle", "bc_coef": 1.0})
-    with pytest.raises(ValueError, match="finetune_from"):
-        check_train_config(TrainConfig(**{**base.__dict__, "finetune_from": "results/headline/policy"}))
+    # finetune_from with expert_pretrain: DAgger from the bundle's weights gathers the term's data
+    check_train_config(TrainConfig(**{**base.__dict__, "finetune_from": "results/headline/policy"}))
     with pytest.raises(ValueError, match=r"bc_coef must lie in \[0, 100\]"):
         check_train_config(TrainConfig(**{**base.__dict__, "expert_pretrain": {"bc_coef": -1}}))
+
+
+def test_no_dagger_round_starts_after_the_deadline(tmp_path):
+    """``max_train_s`` bounds the warm start too: a deadline already passed leaves the expert's
+    cloning alone, and the stats say the clock stopped it."""
+    import time
+
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from dynamix_gym.learning.training import make_train_venv
+    from dynamix_gym.learning.warm_start import warm_start
+
+    cfg = _tiny(
+        tmp_path, 0, {"n_steps": 64, "batch_size": 64}, episodes=2, dagger_rounds=2, dagger_episodes=1
+    )
+    venv = VecNormalize(make_train_venv(cfg))
+    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, policy_kwargs={"net_arch": [8]}, device="cpu")
+    kept = venv.obs_rms.mean.copy()
+    stats, _ = warm_start(cfg, model, venv, keep_obs_stats=True, deadline=time.perf_counter() - 1.0)
+    assert stats["dagger"] == [] and stats["stopped_by_wall_clock"] is True
+    np.testing.assert_array_equal(venv.obs_rms.mean, kept)  # a fine-tuned bundle's statistics stay
+    stats, _ = warm_start(cfg, model, venv, deadline=time.perf_counter() + 600.0)
+    assert len(stats["dagger"]) == 2 and stats["stopped_by_wall_clock"] is False
+    assert not np.array_equal(venv.obs_rms.mean, kept)  # a fresh policy's are the expert data's
+    venv.close()

@@ -323,6 +323,11 @@ class GroundTruth(Protocol):
     def validation_sd(self, quality: float) -> float:
         """The standard deviation of the measured validation quality around a true ``quality``."""
 
+    # Optional (an oracle reads it with getattr; a backend without instability may leave it out):
+    # def collapse_risk(self, global_batches: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+    #     per global batch, the chance the next interval collapses there, the share of progress a
+    #     collapse loses, and whether training would stay stuck there (SimGroundTruth's docstring)
+
     @property
     def reconfig_delay_s(self) -> float:
         """The pause an interval pays when any local batch changes at its start (s)."""

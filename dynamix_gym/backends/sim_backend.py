@@ -138,6 +138,25 @@ class SimGroundTruth:
     def validation_sd(self, quality: float) -> float:
         return float(validation_sd(quality, self._sim.workload.val_samples))
 
+    def collapse_risk(self, global_batches: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+        """For each of ``global_batches`` run in the next interval (:mod:`sim.instability`): the
+        chance that it collapses training (a rise of the learning-rate multiplier past its value in
+        the last interval, under the guards' ramp when on), the share of progress a collapse loses,
+        and whether training would stay stuck there (a collapse happened and the rate that caused it
+        would still stand); zeros, 0 and all False where the simulator models no instability."""
+        sim = self._sim
+        gbs = np.asarray(global_batches, dtype=np.float64)
+        inst = sim.instability
+        chance, stuck = np.zeros(len(gbs)), np.zeros(len(gbs), dtype=bool)
+        if inst is None or inst.last_batch is None:  # off, or the first interval: nothing rose yet
+            return chance, 0.0 if inst is None else float(inst.params.depth), stuck
+        for i, m in enumerate(gbs):
+            gain = sim.convergence.lr_multiplier(float(m), sim.progress)
+            if m > inst.last_batch and gain > inst.last_gain:
+                chance[i] = inst.params.chance(gain, sim.lr_ramped)
+            stuck[i] = inst.stuck_gain is not None and gain >= inst.stuck_gain
+        return chance, float(inst.params.depth), stuck
+
     @property
     def reconfig_delay_s(self) -> float:
         return float(self._sim.reconfig_delay_s)

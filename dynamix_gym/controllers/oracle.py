@@ -126,6 +126,17 @@ class OracleController(BaseController):
     measurement noise, gave 1.060x there but lost 5% on generated NCF and BERT worlds, and the
     integrated time over the whole run instead of the current rate 1.12x (worse on CIFAR-10).
 
+    Collapses (``time_to_target`` only): where the simulator models divergence
+    (:mod:`sim.instability`; the ground truth's ``collapse_risk``), a candidate whose learning rate
+    rises past the last interval's risks a collapse that loses a share ``depth`` of the progress made
+    and leaves training stuck until the rate falls. Its held time T becomes the expectation
+    (1 - chance) x T + chance x (one interval at it + the lost and the remaining progress made at
+    the rate of the batches in force, below the one that collapsed), and a candidate at which a
+    collapsed run would stay stuck (its rate at or above the one that collapsed it) never reaches
+    the target. The oracle then shows no caution where no collapse is modelled, and
+    the universal bundle's imitation data show caution exactly where the world's job has an
+    unstable learning rate.
+
     Args:
         grid_points: number of global batches searched (>= 2).
         min_gain: relative improvement (of goodput, or of the time to the target) a change must
@@ -206,16 +217,21 @@ class OracleController(BaseController):
         if not alive.any():
             return current.astype(np.float32), None
         cands, rates = self._candidates(model, truth["progress"], current, alive)
+        k = max(int(info["report"].iterations), 1)
+        risk = (
+            self._collapse_cost(model, float(truth["progress"]), cands, rates, alive, k)
+            if self.objective == "time_to_target"
+            else 0.0
+        )  # the expected seconds a collapse adds to each candidate's time
         if self.objective == "time_to_target" and self.endgame_intervals is not None:
-            times = self._endgame_times(
-                model, float(truth["progress"]), cands, alive, int(info["report"].iterations)
-            )
+            times = self._endgame_times(model, float(truth["progress"]), cands, alive, k)
             if times is not None:
+                times = times + risk
                 best = int(np.argmin(times))
                 keep = times[best] >= times[0] * (1.0 - self.min_gain)
                 return (current if keep else cands[best]).astype(np.float32), None
         if self.objective == "time_to_target":
-            times = self._held_times(model, truth["progress"], cands, rates, alive)
+            times = self._held_times(model, truth["progress"], cands, rates, alive) + risk
             if np.isfinite(times).any():
                 best = int(np.argmin(times))
                 keep = times[best] >= times[0] * (1.0 - self.min_gain)
@@ -278,6 +294,27 @@ class OracleController(BaseController):
             changed = i > 0 and not np.array_equal(cand, cands[0])
             times[i] = n * (k * model.iteration_time_s(cand) + overhead) + (pause if changed else 0.0)
         return times
+
+    def _collapse_cost(
+        self, model, progress: float, cands, rates: np.ndarray, alive: np.ndarray, k: int
+    ) -> np.ndarray | float:
+        """Each candidate's expected seconds lost to a collapse (the class docstring); 0 where the
+        ground truth models none."""
+        risk = getattr(model, "collapse_risk", None)
+        if risk is None:
+            return 0.0
+        chance, depth, stuck = risk(np.array([float(c[alive].sum()) for c in cands]))
+        if not (np.any(chance > 0) or np.any(stuck)):
+            return 0.0
+        held = self._held_times(model, progress, cands, rates, alive)
+        rate = np.maximum(rates, 1e-12)
+        safe = max(float(rates[0]), 1e-12)  # the batches in force: a rate below the collapsed one
+        interval = np.array([k * model.iteration_time_s(c) for c in cands])
+        with np.errstate(invalid="ignore"):
+            # held x rate: the progress still needed at the candidate
+            after = interval + (depth * progress + held * rate) / safe - held
+        cost = np.where((chance > 0) & np.isfinite(held), chance * after, 0.0)
+        return np.where(stuck, math.inf, cost)
 
     def _held_times(self, model, progress: float, cands, rates: np.ndarray, alive: np.ndarray) -> np.ndarray:
         need = model.progress_to_target(np.array([float(c[alive].sum()) for c in cands])) - progress

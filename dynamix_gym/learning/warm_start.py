@@ -28,7 +28,7 @@ def train_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 
 #: Bump when the simulator or the expert changes what a rollout records: cached rollouts of an
 #: older version are then never read.
-EXPERT_CACHE_VERSION = 1
+EXPERT_CACHE_VERSION = 2  # 2: the oracle counts the expected cost of a collapse
 
 
 def expert_cache_path(cache_dir: str | None, collect: dict[str, Any]) -> Path | None:

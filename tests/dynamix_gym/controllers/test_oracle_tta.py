@@ -128,3 +128,39 @@ def test_the_end_game_leaves_the_decisions_far_from_the_target_alone():
 def test_end_game_arguments_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         OracleController(**kwargs)
+
+
+def _oracle_run(instability, guards=None):
+    """The time-to-target oracle on a linear-rule CIFAR-10 run, with ``instability`` modelled."""
+    from dynamix_gym.backends.sim_backend import SimBackend
+    from dynamix_gym.evaluation import run_episode
+
+    backend = SimBackend(
+        "t4v100_4", "cifar10", "static_hetero", lr_rule="linear", instability=instability, guards=guards
+    )
+    env = HeteroClusterEnv(backend=backend, interval=50, action_mode="absolute", max_decisions=250)
+    oracle = OracleController(objective="time_to_target", batch_penalty=0.0)
+    result = run_episode(env, oracle, seed=1)
+    return result, backend
+
+
+def test_where_a_rise_of_the_rate_can_collapse_the_oracle_counts_its_expected_cost():
+    from sim.instability import InstabilityParams
+
+    # half the rises to x2 the base rate collapse, a rise to x4 almost always; a collapse loses it all
+    severe = InstabilityParams("severe", intercept=-4.0, slope=4.0, ramp_effect=0.0, depth=1.0)
+    free, _ = _oracle_run(None)
+    careful, backend = _oracle_run(severe, guards="off")
+    grow = max(r["global_batch"] for r in free.timeline)
+    held = max(r["global_batch"] for r in careful.timeline)
+    assert grow > 256  # without instability the linear rule's large batches are free
+    assert held < grow and backend.sim.instability.collapses <= 1  # it does not gamble on them
+    assert careful.summary["reached_target"]
+    # the ground truth's risk: none before the first interval or without a model, the fit's chance after
+    truth = backend.ground_truth
+    chance, depth, stuck = truth.collapse_risk(np.array([1.0, 1e6]))
+    assert depth == 1.0 and chance[0] == 0.0 and chance[1] == pytest.approx(1.0)
+    assert stuck.tolist() == [False, False] or backend.sim.instability.stuck
+    _, plain = _oracle_run(None)
+    chance, depth, stuck = plain.ground_truth.collapse_risk(np.array([1e6]))
+    assert chance.tolist() == [0.0] and depth == 0.0 and stuck.tolist() == [False]

@@ -216,23 +216,16 @@ class OracleController(BaseController):
         alive = np.asarray(truth["alive"], dtype=bool)
         if not alive.any():
             return current.astype(np.float32), None
-        cands, rates = self._candidates(model, truth["progress"], current, alive)
-        k = max(int(info["report"].iterations), 1)
-        risk = (
-            self._collapse_cost(model, float(truth["progress"]), cands, rates, alive, k)
-            if self.objective == "time_to_target"
-            else 0.0
-        )  # the expected seconds a collapse adds to each candidate's time
-        if self.objective == "time_to_target" and self.endgame_intervals is not None:
-            times = self._endgame_times(model, float(truth["progress"]), cands, alive, k)
-            if times is not None:
-                times = times + risk
-                best = int(np.argmin(times))
-                keep = times[best] >= times[0] * (1.0 - self.min_gain)
-                return (current if keep else cands[best]).astype(np.float32), None
+        progress = float(truth["progress"])
+        cands, rates = self._candidates(model, progress, current, alive)
         if self.objective == "time_to_target":
-            times = self._held_times(model, truth["progress"], cands, rates, alive) + risk
-            if np.isfinite(times).any():
+            k = max(int(info["report"].iterations), 1)
+            held = self._held_times(model, progress, cands, rates, alive)
+            # the expected seconds a collapse adds to each candidate's time
+            risk = self._collapse_cost(model, progress, cands, rates, alive, k, held)
+            end = self._endgame_times(model, progress, cands, alive, k) if self.endgame_intervals else None
+            times = (held if end is None else end) + risk
+            if end is not None or np.isfinite(times).any():
                 best = int(np.argmin(times))
                 keep = times[best] >= times[0] * (1.0 - self.min_gain)
                 return (current if keep else cands[best]).astype(np.float32), None
@@ -296,17 +289,16 @@ class OracleController(BaseController):
         return times
 
     def _collapse_cost(
-        self, model, progress: float, cands, rates: np.ndarray, alive: np.ndarray, k: int
+        self, model, progress: float, cands, rates: np.ndarray, alive: np.ndarray, k: int, held: np.ndarray
     ) -> np.ndarray | float:
-        """Each candidate's expected seconds lost to a collapse (the class docstring); 0 where the
-        ground truth models none."""
+        """Each candidate's expected seconds lost to a collapse (the class docstring; ``held``: the
+        candidates' held times); 0 where the ground truth models none."""
         risk = getattr(model, "collapse_risk", None)
         if risk is None:
             return 0.0
         chance, depth, stuck = risk(np.array([float(c[alive].sum()) for c in cands]))
         if not (np.any(chance > 0) or np.any(stuck)):
             return 0.0
-        held = self._held_times(model, progress, cands, rates, alive)
         rate = np.maximum(rates, 1e-12)
         safe = max(float(rates[0]), 1e-12)  # the batches in force: a rate below the collapsed one
         interval = np.array([k * model.iteration_time_s(c) for c in cands])

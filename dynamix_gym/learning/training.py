@@ -278,8 +278,10 @@ def _resume(
     return Start(model, venv, reset_timesteps=False, resumed=True)
 
 
-def _finetune(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path) -> Start:
-    """The bundle ``finetune_from`` with every ``ppo`` setting replacing its own."""
+def _finetune(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path, deadline: float | None = None) -> Start:
+    """The bundle ``finetune_from`` with every ``ppo`` setting replacing its own; with
+    ``expert_pretrain``, DAgger from its weights, its observation statistics kept (they are what
+    its weights read)."""
     base = load_bundle(cfg.finetune_from)
     for name, have, want in (("algorithm", base.meta.algorithm, cfg.algorithm),
                              ("action_mode", base.meta.action_mode, cfg.action_mode),
@@ -304,7 +306,12 @@ def _finetune(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path) -> Start:
         custom_objects=dict(cfg.ppo),
     )
     model.set_random_seed(cfg.seed)
-    return Start(model, venv, reset_timesteps=True)
+    start = Start(model, venv, reset_timesteps=True)
+    if cfg.expert_pretrain:
+        start.warm_start_stats, start.expert_data = warm_start(
+            cfg, model, venv, keep_obs_stats=base.obs_norm is not None, deadline=deadline
+        )
+    return start
 
 
 def _fresh(cfg: TrainConfig, venv: VecEnv, algo, run_dir: Path, deadline: float | None = None) -> Start:
@@ -350,14 +357,7 @@ def start_model(cfg: TrainConfig, venv: VecEnv, run_dir: Path, deadline: float |
         model = _central_from_bundle(cfg, load_bundle(cfg.finetune_from), venv, algo, run_dir)
         return Start(model, model.get_env(), reset_timesteps=True)
     if cfg.finetune_from:
-        start = _finetune(cfg, venv, algo, run_dir)
-        if cfg.expert_pretrain:
-            # the bundle's weights read inputs normalised by its own statistics: those stay
-            has_stats = load_bundle(cfg.finetune_from).obs_norm is not None
-            start.warm_start_stats, start.expert_data = warm_start(
-                cfg, start.model, start.venv, keep_obs_stats=has_stats, deadline=deadline
-            )
-        return start
+        return _finetune(cfg, venv, algo, run_dir, deadline)
     return _fresh(cfg, venv, algo, run_dir, deadline)
 
 

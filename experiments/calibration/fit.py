@@ -2,7 +2,8 @@
 fitted (:func:`sim.fitting.step_time.fit_models`) with the held-out check beside it, the
 ``host_floor_pairs`` setting, and the figures every fit report gives; and the refit of a written
 profile's compute model with a knee (:func:`refit_compute_knee`: same-day step times of
-``experiments.fit_schedules``, the quick ladder before a deploy)."""
+``experiments.fit_schedules``, the quick ladder before a deploy) and of its one-node all-reduce
+(:func:`refit_comm_intra_file`: the quick ladder's step times)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from typing import Any
 import pandas as pd
 
 from sim.datafiles import atomic_write_text, dump_json
+from sim.fitting.comm import refit_comm_intra
 from sim.fitting.step_time import fit_compute_knee, fit_models, holdout_errors
-from sim.profile import COMPUTE_FILE, ClusterProfile
+from sim.hardware import ComputeParams
+from sim.network import CommParams
+from sim.profile import COMM_FILE, COMPUTE_FILE, ClusterProfile
 
 #: The calibration app (its reports quote the command that regenerates them).
 COMMAND = "python -m experiments.calibrate"
@@ -105,4 +109,40 @@ def refit_compute_knee(
     params, fit = fit_compute_knee(local_batch, compute_time_s, old["gpu"], old["app"], int(old["max_batch"]))
     rows[match[0]] = asdict(params)
     atomic_write_text(path, dump_json({"generated_by": generated_by, "models": rows}))
+    return {"before": old, "after": asdict(params), "fit": fit}
+
+
+def refit_comm_intra_file(
+    profile_dir: str | Path,
+    local_batch: Sequence[float],
+    step_time_s: Sequence[float],
+    replicas: int,
+    generated_by: str,
+    gpu: str,
+    app: str,
+) -> dict[str, Any]:
+    """Replace, in place, the one-node all-reduce latency and overlap of ``(gpu, app)`` in the
+    profile directory ``profile_dir`` by :func:`sim.fitting.comm.refit_comm_intra` on step times
+    measured with ``replicas`` ranks on one node, against the directory's (refitted) compute model;
+    the per-replica and inter-node terms stay. Returns the model ``before``, the model ``after`` and
+    the ``fit``'s figures (step-time MAPE on the ladder before and after, whether the stored pair was
+    kept)."""
+    root = Path(profile_dir)
+    compute_rows = json.loads((root / COMPUTE_FILE).read_text())["models"]
+    compute = [r for r in compute_rows if (r["gpu"], r["app"]) == (gpu, app)]
+    path = root / COMM_FILE
+    doc = json.loads(path.read_text())
+    rows = doc["models"]
+    match = [i for i, r in enumerate(rows) if (r["gpu"], r["app"]) == (gpu, app)]
+    if len(compute) != 1 or len(match) != 1:
+        raise ValueError(
+            f"{root}: {len(compute)} compute and {len(match)} comm models of ({gpu}, {app}); the refit replaces "
+            "exactly one comm model against exactly one compute model"
+        )
+    old = rows[match[0]]
+    params, fit = refit_comm_intra(
+        local_batch, step_time_s, replicas, ComputeParams(**compute[0]), CommParams(**old)
+    )
+    rows[match[0]] = asdict(params)
+    atomic_write_text(path, dump_json({**doc, "generated_by": generated_by, "models": rows}))
     return {"before": old, "after": asdict(params), "fit": fit}

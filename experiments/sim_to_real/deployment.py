@@ -277,12 +277,20 @@ def _calibration_brief(rec: dict[str, Any] | None) -> dict[str, Any] | None:
         "measured_utc": rec["measured_utc"],
         "ladder": rec["ladder"]["message"],
         "max_drift": rec["drift"]["max_drift"],
+        "refit_max_error": rec["drift"].get("refit_max_error"),  # None: a record from before the comm refit
+        "comm_refit": rec.get("comm_refit"),
         "verdict": rec["verdict"],
     }
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def deployment_lines(d: dict[str, Any] | None) -> list[str]:
     """The report's "Deployment" section."""
+    from experiments.deploy_calibration import comm_line
+
     if d is None:
         return []
     out = ["## Deployment", ""]
@@ -290,10 +298,15 @@ def deployment_lines(d: dict[str, Any] | None) -> list[str]:
     if cal is None:
         out += ["- Profile: the stored one (calibrate.quick=false: not measured right before the runs).", ""]
     else:
+        err = cal.get("refit_max_error")
+        against = "from the refit" if err is None else f"from the measured ones (the refit's: {err:.1%})"
+        comm = cal.get("comm_refit")
+        comm_text = "" if comm is None else f" {_sentence(comm_line(comm)[2:])}."
         out += [
             f"- Profile measured right before the runs ({cal['measured_utc']}): the quick ladder ({cal['ladder']}) "
             f"refitted {cal['stored_profile']} into {cal['refit_profile']}; the stored profile's step times drift "
-            f"{cal['max_drift']:.1%} at most from it ({cal['verdict']}). The simulated side runs on the refit.",
+            f"{cal['max_drift']:.1%} at most {against} ({cal['verdict']}).{comm_text} The simulated side runs on "
+            "the refit.",
         ]
     for lab, ft in d["finetune"].items():
         m = ft["mean_tta_s"]

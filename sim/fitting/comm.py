@@ -159,3 +159,91 @@ def fit_comm(table_for_pair: pd.DataFrame, compute: ComputeParams) -> CommParams
         The fitted :class:`CommParams` with ``fit_mape`` = in-sample MAPE of the step time.
     """
     return fit_comm_report(table_for_pair, compute)[0]
+
+
+def refit_comm_intra(
+    local_batch: np.ndarray | list[float],
+    step_time_s: np.ndarray | list[float],
+    replicas: int,
+    compute: ComputeParams,
+    stored: CommParams,
+) -> tuple[CommParams, dict[str, float | bool]]:
+    """Refit the one-node all-reduce latency ``alpha_intra_s`` and the overlap ``gamma`` of
+    ``stored`` to step times measured on one node at one replica count (a quick ladder: every one
+    of ``replicas`` ranks at each of ``local_batch``), the compute model ``compute`` (already
+    refitted on the same ladder) taken as given.
+
+    One replica count cannot tell the latency from the per-replica term, so ``beta_intra_s`` is
+    kept, as are the inter-node parameters (no node boundary was crossed). ``least_squares`` on log
+    step time as :func:`fit_comm_report`, with the stored pair among the starts; the stored pair is
+    kept when the fit does not lower the step-time MAPE on the ladder (``kept_stored``).
+
+    Returns:
+        The refitted :class:`CommParams` (``fit_mape``: its MAPE on the ladder; ``stored`` itself
+        when kept) and the figures:
+        ``mape_before`` (the stored pair), ``mape_after``, ``kept_stored``.
+
+    Raises:
+        ValueError: fewer than two batches, lengths that differ, non-positive times, or
+            ``replicas < 2`` (one rank has no all-reduce to refit).
+    """
+    b = np.asarray(local_batch, dtype=np.float64)
+    step = np.asarray(step_time_s, dtype=np.float64)
+    if b.shape != step.shape or b.ndim != 1 or b.size < 2:
+        raise ValueError(
+            f"refit_comm_intra needs >= 2 (local batch, step time) pairs of equal length, got {b.size} batches "
+            f"and {step.size} step times"
+        )
+    if not (np.isfinite(step).all() and (step > 0).all()):
+        raise ValueError(f"refit_comm_intra: step times must be finite and > 0 s, got {step.tolist()}")
+    if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or replicas < 2:
+        raise ValueError(
+            f"refit_comm_intra: replicas must be an integer >= 2 (an all-reduce), got {replicas!r}"
+        )
+    from sim.hardware import ComputeModel
+
+    t_comp = ComputeModel(compute).compute_time_s(b)
+    ts = float(np.median(step))
+    tc, log_y = t_comp / ts, np.log(step / ts)
+    fixed = stored.beta_intra_s * (replicas - 2) / ts
+
+    def predict(q: np.ndarray) -> np.ndarray:
+        return smooth_max(tc, q[0] + fixed, q[1])
+
+    def residuals(q: np.ndarray) -> np.ndarray:
+        return np.log(predict(q)) - log_y
+
+    def mape(q: np.ndarray) -> float:
+        return float(np.mean(np.abs(predict(q) * ts / step - 1.0)))
+
+    exposed = float(np.median(np.maximum(step - t_comp, 1e-3 * ts))) / ts
+    before = np.array([stored.alpha_intra_s / ts, stored.gamma])
+    starts = [before] + [np.array([max(exposed * s, 1e-4), g]) for g in (1.0, 2.0, 8.0) for s in (1.0, 0.5)]
+    best = multi_start_lsq(
+        residuals,
+        (np.clip(x, [0.0, GAMMA_BOUNDS[0]], [np.inf, GAMMA_BOUNDS[1]]) for x in starts),
+        bounds=([0.0, GAMMA_BOUNDS[0]], [np.inf, GAMMA_BOUNDS[1]]),
+        loss="soft_l1",
+        f_scale=LOSS_SCALE,
+        x_scale="jac",
+        max_nfev=4000,
+    )
+    mape_before, mape_after = mape(before), mape(best.x)
+    kept = not mape_after < mape_before
+    params = (
+        stored
+        if kept
+        else CommParams(
+            **{
+                **stored.__dict__,
+                "alpha_intra_s": float(best.x[0] * ts),
+                "gamma": float(best.x[1]),
+                "fit_mape": mape_after,
+            }
+        )
+    )
+    return params, {
+        "mape_before": mape_before,
+        "mape_after": min(mape_before, mape_after),
+        "kept_stored": kept,
+    }

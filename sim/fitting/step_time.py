@@ -4,6 +4,7 @@ the fit of a profile's measured table and the held-out check of the fitted step 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -255,5 +256,35 @@ def step_time_drift(
         old = float(step_time_s(*stored, b, replicas, nodes))
         new = float(step_time_s(*refit, b, replicas, nodes))
         rows.append({"local_batch": b, "stored_s": old, "refit_s": new, "drift": old / new - 1.0})
+    worst = max(rows, key=lambda r: abs(r["drift"]))
+    return {"rows": rows, "max_drift": abs(worst["drift"]), "worst_batch": worst["local_batch"]}
+
+
+def measured_drift(
+    models: tuple[ComputeParams, CommParams | None],
+    local_batches: Sequence[int],
+    measured_s: Sequence[float],
+    replicas: int,
+    nodes: int = 1,
+) -> dict[str, Any]:
+    """How far a profile's step times (``(compute, comm)`` of one worker type, every one of
+    ``replicas`` workers at each batch: :func:`step_time_s`) are from step times measured at
+    ``local_batches``: per batch ``drift = model / measured - 1``; ``max_drift`` is the largest
+    ``|drift|`` and ``worst_batch`` where it is."""
+    if not local_batches or len(local_batches) != len(measured_s):
+        raise ValueError(
+            f"measured_drift needs as many measured step times as local batches (>= 1), got "
+            f"{len(measured_s)} and {len(local_batches)}"
+        )
+    check_int("replicas", replicas, 1)
+    rows = []
+    for b, m in sorted(zip(local_batches, measured_s, strict=True)):
+        check_int("local batch", int(b), 1)
+        if not (math.isfinite(float(m)) and float(m) > 0):
+            raise ValueError(f"measured step time at local batch {b} must be finite and > 0 s, got {m!r}")
+        model = float(step_time_s(*models, int(b), replicas, nodes))
+        rows.append(
+            {"local_batch": int(b), "model_s": model, "measured_s": float(m), "drift": model / float(m) - 1.0}
+        )
     worst = max(rows, key=lambda r: abs(r["drift"]))
     return {"rows": rows, "max_drift": abs(worst["drift"]), "worst_batch": worst["local_batch"]}

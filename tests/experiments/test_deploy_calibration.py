@@ -26,7 +26,7 @@ from experiments.deploy_calibration import (
     stored_profile,
 )
 from sim.faults import Scenario
-from sim.fitting.step_time import step_time_drift
+from sim.fitting.step_time import measured_drift, step_time_drift, step_time_s
 from sim.hardware import ComputeParams
 from sim.profile import load_profile
 
@@ -86,7 +86,10 @@ def test_a_machine_as_stored_is_accepted_and_the_refit_written(tmp_path):
     assert record["verdict"] == "accepted" and record["drift"]["max_drift"] < 0.10
     assert [m["local_batch"] for m in record["measured"]] == [16, 32, 64, 128, 192, 256, 320]
     refit = load_profile(tmp_path / REFIT_DIR)
-    assert refit.workload == stored.workload and refit.comm == stored.comm  # only the compute is refitted
+    assert refit.workload == stored.workload
+    assert (
+        refit.comm == stored.comm and record["comm_refit"]["fit"]["kept_stored"]
+    )  # the all-reduce is as stored
     assert refit.compute[KEY].exponent == 1.0 and refit.compute[KEY] != stored.compute[KEY]
     assert json.loads((tmp_path / REFIT_DIR / "profile.json").read_text())["quick_refit"]["from_profile"]
     assert not (
@@ -118,6 +121,66 @@ def test_a_machine_with_a_cache_cliff_is_refused_naming_the_drift_and_the_overri
     assert quick_calibrate(SimulatedRanks(now), stored, relaxed, tmp_path, seed=0)["verdict"].startswith(
         "over"
     )
+
+
+def test_an_all_reduce_slower_than_stored_is_refitted_and_the_drift_read_against_the_measured(tmp_path):
+    stored = load_profile(PROFILE)
+    comm = stored.comm[KEY]
+    now = replace(stored, comm={KEY: replace(comm, alpha_intra_s=comm.alpha_intra_s + 0.02)})  # 20 ms more
+    record = quick_calibrate(SimulatedRanks(now), stored, replace(FAST, refuse=False), tmp_path, seed=0)
+    rows = record["drift"]["rows"]
+    assert all(r["stored_s"] < r["measured_s"] for r in rows)  # the stored all-reduce is too fast
+    assert record["drift"]["max_drift"] == pytest.approx(
+        max(abs(r["stored_s"] / r["measured_s"] - 1) for r in rows)
+    )
+    assert record["drift"]["max_drift"] > 0.10 and record["verdict"].startswith("over")
+    fit = record["comm_refit"]["fit"]
+    assert not fit["kept_stored"] and fit["mape_after"] < 0.02 < fit["mape_before"]
+    refit = load_profile(tmp_path / REFIT_DIR).comm[KEY]
+    assert refit.alpha_intra_s > comm.alpha_intra_s + 0.01  # most of the 20 ms found (gamma trades a little)
+    assert (refit.beta_intra_s, refit.alpha_inter_s, refit.beta_inter_s) == (
+        comm.beta_intra_s, comm.alpha_inter_s, comm.beta_inter_s,
+    )  # fmt: skip
+    assert record["drift"]["refit_max_error"] < 0.03
+    report = (tmp_path / REPORT_FILE).read_text()
+    assert "refitted all-reduce (one node): latency" in report and "| refit error |" in report
+
+
+def test_refit_comm_intra_recovers_a_known_all_reduce_and_names_bad_input():
+    from sim.fitting.comm import refit_comm_intra
+    from sim.network import CommParams
+
+    compute = _line()
+    truth = CommParams("cpu", "mnist_cnn", 0.03, 1e-3, 0.05, 2e-3, 2.0)
+    b = np.array([8, 16, 32, 64, 128, 256], dtype=float)
+    step = step_time_s(compute, truth, b, replicas=4)
+    wrong = replace(truth, alpha_intra_s=0.002, gamma=1.0)
+    params, fit = refit_comm_intra(b, step, 4, compute, wrong)
+    assert params.alpha_intra_s == pytest.approx(0.03, rel=1e-3) and params.gamma == pytest.approx(
+        2.0, rel=1e-3
+    )
+    assert params.beta_intra_s == 1e-3 and params.alpha_inter_s == 0.05 and not fit["kept_stored"]
+    assert fit["mape_after"] < 1e-6 < fit["mape_before"] and params.fit_mape == fit["mape_after"]
+    assert refit_comm_intra(b, step, 4, compute, truth)[0] == truth  # already right: kept as it is
+    with pytest.raises(ValueError, match=r"replicas must be an integer >= 2"):
+        refit_comm_intra(b, step, 1, compute, truth)
+    with pytest.raises(
+        ValueError, match=r">= 2 \(local batch, step time\) pairs of equal length, got 6 batches and 5"
+    ):
+        refit_comm_intra(b, step[:5], 4, compute, truth)
+    with pytest.raises(ValueError, match=r"step times must be finite and > 0 s"):
+        refit_comm_intra(b, np.where(b == 8, -1.0, step), 4, compute, truth)
+
+
+def test_measured_drift_reads_the_model_against_the_measured_step_times():
+    d = measured_drift((_line(), None), [64, 16], [2e-3 + 3e-4 * 64, 1.25 * (2e-3 + 3e-4 * 16)], replicas=1)
+    assert [r["local_batch"] for r in d["rows"]] == [16, 64]
+    assert d["rows"][1]["drift"] == pytest.approx(0.0, abs=1e-12)
+    assert d["worst_batch"] == 16 and d["max_drift"] == pytest.approx(0.2, abs=1e-12)  # 1 / 1.25 - 1
+    with pytest.raises(ValueError, match=r"as many measured step times as local batches"):
+        measured_drift((_line(), None), [16, 64], [0.01], replicas=1)
+    with pytest.raises(ValueError, match=r"measured step time at local batch 16 must be finite and > 0 s"):
+        measured_drift((_line(), None), [16], [0.0], replicas=1)
 
 
 def test_the_ladder_runs_without_checkpoints_or_guards_and_gives_both_back(tmp_path):

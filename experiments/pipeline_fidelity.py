@@ -6,6 +6,10 @@ Runs the digits job (:class:`adapters.real_pipeline.twin.RealJob`) on two CPU gl
 through a list of plans (partition, micro-batches, each rank's emulated slow-down), carrying the
 blocks' state from plan to plan as a re-partition does. Each plan: ``warmup`` steps discarded,
 then ``steps`` measured (each stage's forward and backward per micro-batch, the iteration time).
+With ``rounds`` > 1 the whole list runs that many times over, interleaved (plan 1, 2, ..., n, then
+1, 2, ... again), and each plan's figures are the medians over its rounds: a load that comes and
+goes on a shared machine then falls on every plan alike instead of on the few measured while it
+lasted (each round's own figures stay in the row's ``rounds``).
 
 Calibration (the ``calibrate`` plans, never the held-out ones):
 
@@ -43,40 +47,61 @@ log = logging.getLogger(__name__)
 
 
 def measure_plans(job: RealJob, plans: list[dict], cfg: DictConfig) -> tuple[list[dict], list[float]]:
-    """Run every plan on the ranks; per plan its measured stage times and iteration time, and the
-    measured restarts between plans."""
-    rows, pauses, pool, state, optim, step = [], [], None, None, None, 0
+    """Run every plan on the ranks, ``cfg.rounds`` times interleaved (module docstring); per plan
+    the medians over its rounds of its measured stage times and iteration time, and the measured
+    restarts between plans."""
+    rounds = int(cfg.get("rounds", 1))
+    if rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds}")
+    runs: list[list[dict]] = [[] for _ in plans]
+    pauses, pool, state, optim, step = [], None, None, None, 0
     try:
-        for plan in plans:
-            sizes, m = tuple(int(s) for s in plan["sizes"]), int(plan["micro_batches"])
-            t0 = time.perf_counter()
-            if pool is not None:
-                state, optim = pool.stop()
-            pool = StagePool([int(x) for x in bounds(sizes)], micro_batches=m, batch=m * job.micro_batch,
-                             state=state, optim=optim, schedule=job.schedule, num_blocks=job.num_blocks,
-                             hidden=job.hidden, seed=int(cfg.seed), lr=job.lr, timeout_s=float(cfg.timeout_s))  # fmt: skip
-            if rows:
-                pauses.append(time.perf_counter() - t0)
-            slow = [float(x) for x in plan.get("slowdown", [1.0] * len(sizes))]
-            pool.run(int(cfg.warmup), first_step=step, slowdown=slow)
-            ran = pool.run(int(cfg.steps), first_step=step + int(cfg.warmup), slowdown=slow)
-            step += int(cfg.warmup) + int(cfg.steps)
-            row = {
-                "sizes": list(sizes), "micro_batches": m, "slowdown": slow, "held_out": bool(plan.get("held_out")),
-                "fwd_s": [float(np.median(a["fwd_s"])) for a in ran],
-                "bwd_s": [float(np.median(a["bwd_s"])) for a in ran],
-                "iteration_s": float(np.median(np.max([a["step_s"] for a in ran], axis=0))),
-                "load_1min": os.getloadavg()[0],
-            }  # fmt: skip
-            rows.append(row)
-            log.info("plan %s M=%d slow=%s: iteration %.3f s, stage f %s b %s", row["sizes"], m, slow,
-                     row["iteration_s"], np.round(row["fwd_s"], 4), np.round(row["bwd_s"], 4))  # fmt: skip
+        for k in range(rounds):
+            for i, plan in enumerate(plans):
+                sizes, m = tuple(int(s) for s in plan["sizes"]), int(plan["micro_batches"])
+                t0 = time.perf_counter()
+                if pool is not None:
+                    state, optim = pool.stop()
+                pool = StagePool([int(x) for x in bounds(sizes)], micro_batches=m, batch=m * job.micro_batch,
+                                 state=state, optim=optim, schedule=job.schedule, num_blocks=job.num_blocks,
+                                 hidden=job.hidden, seed=int(cfg.seed), lr=job.lr, timeout_s=float(cfg.timeout_s))  # fmt: skip
+                if step:
+                    pauses.append(time.perf_counter() - t0)
+                slow = [float(x) for x in plan.get("slowdown", [1.0] * len(sizes))]
+                pool.run(int(cfg.warmup), first_step=step, slowdown=slow)
+                ran = pool.run(int(cfg.steps), first_step=step + int(cfg.warmup), slowdown=slow)
+                step += int(cfg.warmup) + int(cfg.steps)
+                one = {
+                    "fwd_s": [float(np.median(a["fwd_s"])) for a in ran],
+                    "bwd_s": [float(np.median(a["bwd_s"])) for a in ran],
+                    "iteration_s": float(np.median(np.max([a["step_s"] for a in ran], axis=0))),
+                    "load_1min": os.getloadavg()[0],
+                }
+                runs[i].append(one)
+                log.info("round %d/%d plan %s M=%d slow=%s: iteration %.3f s, stage f %s b %s", k + 1, rounds,
+                         list(sizes), m, slow, one["iteration_s"], np.round(one["fwd_s"], 4),
+                         np.round(one["bwd_s"], 4))  # fmt: skip
         if pool is not None:
             pool.stop()
     finally:
         if pool is not None:
             pool.close()
-    return rows, pauses
+    return [_row(plan, done) for plan, done in zip(plans, runs, strict=True)], pauses
+
+
+def _row(plan: dict, done: list[dict]) -> dict:
+    """One plan's figures: the medians over its rounds (each round's own under ``rounds``)."""
+    sizes = [int(s) for s in plan["sizes"]]
+    return {
+        "sizes": sizes, "micro_batches": int(plan["micro_batches"]),
+        "slowdown": [float(x) for x in plan.get("slowdown", [1.0] * len(sizes))],
+        "held_out": bool(plan.get("held_out")),
+        "fwd_s": np.median([r["fwd_s"] for r in done], axis=0).tolist(),
+        "bwd_s": np.median([r["bwd_s"] for r in done], axis=0).tolist(),
+        "iteration_s": float(np.median([r["iteration_s"] for r in done])),
+        "load_1min": float(np.median([r["load_1min"] for r in done])),
+        "rounds": done,
+    }  # fmt: skip
 
 
 def fit_blocks(rows: list[dict], job: RealJob, key: str) -> tuple[np.ndarray, np.ndarray, list[float]]:

@@ -45,3 +45,47 @@ def test_the_fit_recovers_the_blocks_and_the_link_of_a_known_twin():
 def test_mdape_is_the_median_absolute_percentage():
     assert mdape([0.1, -0.3, 0.05]) == pytest.approx(10.0)
     assert np.isnan(mdape([]))
+
+
+def test_rounds_interleave_the_plans_and_each_plan_keeps_the_medians_of_its_rounds(monkeypatch):
+    from omegaconf import OmegaConf
+
+    import experiments.pipeline_fidelity as fid
+
+    started: list[tuple[int, ...]] = []
+    level = iter([1.0, 1.0, 1.0, 9.0, 1.0, 1.0])  # one plan's second round measured under a load spike
+
+    class FakePool:
+        def __init__(self, bounds, **kw):
+            started.append(tuple(bounds))
+            self.factor = None
+
+        def run(self, steps, first_step, slowdown):
+            if self.factor is None:  # the warm-up call
+                self.factor = 0.0
+                return []
+            self.factor = next(level)
+            t = 0.01 * self.factor
+            return [
+                {"fwd_s": [t] * steps, "bwd_s": [2 * t] * steps, "step_s": [3 * t] * steps} for _ in slowdown
+            ]
+
+        def stop(self):
+            return None, None
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(fid, "StagePool", FakePool)
+    plans = [{"sizes": [4, 4], "micro_batches": 16}, {"sizes": [2, 6], "micro_batches": 8, "held_out": True}]
+    cfg = OmegaConf.create({"rounds": 3, "seed": 0, "timeout_s": 10, "warmup": 1, "steps": 2})
+    rows, pauses = fid.measure_plans(JOB, plans, cfg)
+    assert (
+        started == [(0, 4, 8), (0, 2, 8)] * 3 and len(pauses) == 5
+    )  # interleaved; no pause before the first
+    assert [len(r["rounds"]) for r in rows] == [3, 3]
+    assert rows[1]["iteration_s"] == pytest.approx(0.03)  # the spiked round (0.27 s) is outvoted
+    assert rows[1]["rounds"][1]["iteration_s"] == pytest.approx(0.27) and rows[1]["held_out"]
+    assert rows[0]["fwd_s"] == pytest.approx([0.01, 0.01]) and rows[0]["slowdown"] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1, got 0"):
+        fid.measure_plans(JOB, plans, OmegaConf.create({"rounds": 0}))

@@ -130,7 +130,9 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     try:
         record = None
         if stored is not None:  # on the ranks the episode then trains with, from a fresh start
-            record = quick_calibrate(backend, stored, calibration, out, int(cfg.seed))
+            record = quick_calibrate(
+                backend, stored, calibration, out, int(cfg.seed), interval=int(cfg.env.interval)
+            )
         if finetune and record is not None:  # (a resumed run keeps the policy it started with)
             refit = out / REFIT_DIR
             controller, _ = finetune_in_refit(

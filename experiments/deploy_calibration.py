@@ -14,10 +14,18 @@ Before the episode, on the very ranks the deploy then trains with (its
    same-day step times), then its one-node all-reduce (latency and overlap) on the measured step
    times against that compute model (:func:`experiments.calibration.fit.refit_comm_intra_file`;
    the per-replica and inter-node terms stay, one replica count on one node cannot tell them);
-3. **check**: the stored profile's step times against the measured ones
+3. **overheads**: a few decision intervals of ``K`` iterations on the same ranks, the batches held
+   and then changed (``calibrate.overhead_batches``, ``calibrate.overhead_intervals``, at most
+   ``calibrate.overhead_max_s``), split into their iterations and the rest
+   (:func:`dynamix_gym.measurement.profiling.measure_overheads`, as ``experiments.calibrate`` measures
+   them): the refit's ``interval_overhead_s`` and ``reconfig_delay_s`` are this machine's now, not the
+   stored profile's (measured on another day, under another load); ``overhead_intervals=0`` keeps
+   the stored pair, as does a measurement that saw no interval with unchanged batches;
+4. **check**: the stored profile's step times against the measured ones
    (:func:`sim.fitting.step_time.measured_drift`; the refit's own error beside them). Beyond
    ``calibrate.max_drift`` (default 10%) the deploy is refused (:class:`ProfileDriftError`, naming
-   the drift and the override) unless ``calibrate.refuse=false``, when it warns and runs.
+   the drift and the override) unless ``calibrate.refuse=false``, when it warns and runs. The
+   overheads' change is reported, not checked: they are per-interval constants the refit replaces.
 
 ``calibration_quick.json`` (every figure) and ``calibration_quick.md`` (the table of what was
 measured) are written beside the run's timeline, the refusal included. The episode then starts from
@@ -38,6 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hydra.utils import to_absolute_path
 from tqdm.auto import tqdm
 
@@ -79,6 +88,9 @@ class QuickCalibration:
     max_drift: float = 0.10
     refuse: bool = True
     progress: bool = True
+    overhead_intervals: int = 8
+    overhead_batches: tuple[int, ...] = (32, 64)
+    overhead_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("quick", "refuse", "progress"):
@@ -86,7 +98,13 @@ class QuickCalibration:
                 raise ValueError(f"calibrate.{name} must be true or false, got {getattr(self, name)!r}")
         _number("max_s", self.max_s, 0.0, MAX_CAP_S, "seconds")
         _number("max_drift", self.max_drift, 0.0, MAX_DRIFT, "(a fraction: 0.10 is 10%)")
-        for name, low, high in (("iterations", 1, 1000), ("repeats", 1, 20), ("warmup_iterations", 1, 1000)):
+        _number("overhead_max_s", self.overhead_max_s, 0.0, MAX_CAP_S, "seconds")
+        for name, low, high in (
+            ("iterations", 1, 1000),
+            ("repeats", 1, 20),
+            ("warmup_iterations", 1, 1000),
+            ("overhead_intervals", 0, 200),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"calibrate.{name} must be an integer in [{low}, {high}], got {value!r}")
@@ -96,11 +114,17 @@ class QuickCalibration:
                 f"calibrate.batches must list at least {MIN_POINTS} distinct local batches >= 1 (the knee fit "
                 f"needs {MIN_POINTS}), got {list(self.batches)}"
             )
+        odd = [b for b in self.overhead_batches if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+        if len(set(self.overhead_batches)) < 2 or odd:
+            raise ValueError(
+                "calibrate.overhead_batches must list at least 2 distinct local batches >= 1 (held, then changed: "
+                f"the reconfiguration delay is the difference), got {list(self.overhead_batches)}"
+            )
 
     @classmethod
     def from_config(cls, node: Any) -> QuickCalibration:
         """From the ``calibrate`` config node (``None``: the defaults, calibration off)."""
-        return settings(cls, node, "calibrate", sequences=("batches",))
+        return settings(cls, node, "calibrate", sequences=("batches", "overhead_batches"))
 
 
 def _number(name: str, value: Any, low: float, high: float, unit: str) -> None:
@@ -173,9 +197,10 @@ def check_ranks(backend: Any, stored: ClusterProfile) -> tuple[str, str]:
 
 
 def quick_calibrate(
-    backend: Any, stored: ClusterProfile, settings: QuickCalibration, out: Path, seed: int
+    backend: Any, stored: ClusterProfile, settings: QuickCalibration, out: Path, seed: int, *, interval: int
 ) -> dict[str, Any] | None:
-    """Ladder, refit and drift check (see the module docstring); returns the record written to
+    """Ladder, refit, overheads and drift check (see the module docstring) on ``backend``'s ranks,
+    decision intervals of ``interval`` (K) iterations; returns the record written to
     ``out / calibration_quick.json`` (``None``: a resumed run, not calibrated).
 
     Raises:
@@ -192,7 +217,7 @@ def quick_calibrate(
     gpu, app = check_ranks(backend, stored)
     n = backend.spec.num_workers
     out.mkdir(parents=True, exist_ok=True)
-    stages = tqdm(total=3, desc="quick calibration", unit="stage", disable=not settings.progress)
+    stages = tqdm(total=4, desc="quick calibration", unit="stage", disable=not settings.progress)
     stages.set_postfix_str(f"ladder on {n} {gpu} ranks, at most {settings.max_s:.0f} s")
     with measuring(backend):
         ladder = profile_ladder(
@@ -236,6 +261,10 @@ def quick_calibrate(
         else None
     )
     _note_refit(refit_dir, stored, ladder)
+    stages.update(1)
+    stages.set_postfix_str(f"overheads: {settings.overhead_intervals} intervals of K={interval}")
+    with measuring(backend):
+        overheads = remeasure_overheads(backend, stored, settings, refit_dir, interval, seed)
     refitted = load_profile(refit_dir)
     stages.update(1)
     stages.set_postfix_str("drift check")
@@ -283,6 +312,7 @@ def quick_calibrate(
         ],
         "refit": refit,
         "comm_refit": comm_refit,
+        "overheads": overheads,
         "drift": drift,
         "max_drift": settings.max_drift,
         "verdict": verdict,
@@ -300,6 +330,77 @@ def quick_calibrate(
             raise ProfileDriftError(message)
         log.warning("%s (calibrate.refuse=false: deploying anyway)", message)
     return record
+
+
+def overhead_schedule(settings: QuickCalibration, workers: int) -> list[np.ndarray]:
+    """Every rank at one of ``overhead_batches``, each held two intervals, in turn: after the first
+    interval every other one keeps its batches (a steady sample) and the others change them."""
+    batches = list(settings.overhead_batches)
+    return [
+        np.full(workers, batches[(i // 2) % len(batches)], dtype=np.int64)
+        for i in range(settings.overhead_intervals)
+    ]
+
+
+def remeasure_overheads(
+    backend: Any,
+    stored: ClusterProfile,
+    settings: QuickCalibration,
+    refit_dir: Path,
+    interval: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Step 3 of the module docstring: measure the per-interval overheads on ``backend`` (an env of
+    ``interval`` iterations per step over it, as an episode pays them) and write them into the
+    refit's ``simulator`` settings; the record says what was measured and what was kept."""
+    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+    from dynamix_gym.measurement.profiling import measure_overheads
+
+    before = {k: float(stored.simulator.get(k, 0.0)) for k in ("interval_overhead_s", "reconfig_delay_s")}
+    rec: dict[str, Any] = {"stored": before, "kept": "stored", "measured": None, "samples": []}
+    if settings.overhead_intervals == 0:
+        rec["reason"] = "calibrate.overhead_intervals=0"
+        return rec
+    env = HeteroClusterEnv(backend=backend, action_mode="absolute", interval=interval, reward="time")
+    ended: list[bool] = []
+
+    def step(batches: np.ndarray) -> Any:
+        if ended:  # the episode ended (its target reached): the intervals left are not measured
+            return None
+        _, _, terminated, truncated, info = env.step(batches.astype(np.float32))
+        if terminated or truncated:
+            ended.append(True)
+        return info["report"]
+
+    started = time.perf_counter()
+    env.reset(seed=seed)
+    try:
+        measured = measure_overheads(
+            step,
+            overhead_schedule(settings, backend.spec.num_workers),
+            progress=settings.progress,
+            budget_s=settings.overhead_max_s,
+        )
+    except ValueError as e:  # no interval kept its batches: nothing to take the base from
+        rec["reason"] = str(e)
+        log.warning("calibrate: the overheads were not measured (%s); the stored ones are kept", e)
+        return rec
+    rec.update(
+        kept="measured",
+        measured={
+            "interval_overhead_s": measured.interval_overhead_s,
+            "reconfig_delay_s": measured.reconfig_delay_s,
+        },
+        samples=[[bool(c), float(o)] for c, o in measured.samples],
+        elapsed_s=time.perf_counter() - started,
+        episode_ended=bool(ended),
+        interval=interval,
+    )
+    path = refit_dir / PROFILE_FILE
+    doc = json.loads(path.read_text())
+    doc.setdefault("simulator", {}).update(rec["measured"])
+    atomic_write_text(path, dump_json(doc))
+    return rec
 
 
 def _note_refit(refit_dir: Path, stored: ClusterProfile, ladder: Any) -> None:
@@ -364,6 +465,7 @@ def report_lines(record: dict[str, Any]) -> list[str]:
             else " (no knee kept)"
         ),
         comm_line(record.get("comm_refit")),
+        overhead_line(record.get("overheads")),
         f"- step-time drift of the stored profile from the measured: {record['drift']['max_drift']:.1%} at most "
         f"(local batch {record['drift']['worst_batch']}); allowed {float(record['max_drift']):.0%}: {record['verdict']}; "
         f"the refit's error: {record['drift']['refit_max_error']:.1%} at most",
@@ -382,6 +484,24 @@ def report_lines(record: dict[str, Any]) -> list[str]:
             align="rrrrrrr",
         ),
     ]
+
+
+def overhead_line(rec: dict[str, Any] | None) -> str:
+    """The per-interval overheads in one line (``None``: a record from before they were measured)."""
+    if rec is None:
+        return "- per-interval overheads: the stored profile's (not measured)"
+    b = rec["stored"]
+    if rec["kept"] != "measured":
+        return (
+            f"- per-interval overheads: the stored profile's kept ({1e3 * b['interval_overhead_s']:.1f} ms, "
+            f"reconfiguration {1e3 * b['reconfig_delay_s']:.1f} ms): {rec.get('reason', 'not measured')}"
+        )
+    a, n = rec["measured"], len(rec["samples"])
+    return (
+        f"- per-interval overheads, measured over {n} interval(s) of K={rec['interval']} "
+        f"({rec['elapsed_s']:.0f} s): {1e3 * b['interval_overhead_s']:.1f} -> {1e3 * a['interval_overhead_s']:.1f} ms, "
+        f"reconfiguration {1e3 * b['reconfig_delay_s']:.1f} -> {1e3 * a['reconfig_delay_s']:.1f} ms"
+    )
 
 
 def comm_line(comm: dict[str, Any] | None) -> str:

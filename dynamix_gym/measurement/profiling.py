@@ -243,7 +243,7 @@ class Overheads:
 
 
 def measure_overheads(
-    step: Callable[[np.ndarray], IntervalReport],
+    step: Callable[[np.ndarray], IntervalReport | None],
     schedule: Iterable[np.ndarray],
     *,
     progress: bool = True,
@@ -254,6 +254,8 @@ def measure_overheads(
 
     The wall-clock advance is taken from consecutive reports' ``wall_time_s``, so whatever runs
     between two intervals (the env's encoding, a controller) counts as it does in an episode.
+    ``step`` returns ``None`` to end the measurement early (its episode is over: the intervals left
+    of ``schedule`` are not run).
     """
     budget = Budget(budget_s) if math.isfinite(budget_s) else None
     sched = [np.asarray(b, dtype=np.int64) for b in schedule]
@@ -265,6 +267,9 @@ def measure_overheads(
             log.warning("overhead measurement out of time after %d intervals", len(samples))
             break
         report = step(b)
+        if report is None:
+            log.info("overhead measurement ended by its step after %d intervals", len(samples))
+            break
         if prev_wall is not None:
             it = float(np.mean(report.iteration_time_s[report.alive]))
             over = float(report.wall_time_s) - prev_wall - report.iterations * it

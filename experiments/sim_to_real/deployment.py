@@ -108,7 +108,9 @@ def calibrate_and_finetune(
     quiet_wait(cfg.quiet)  # the ladder is a measurement too
     backend = ladder_backend(real_config)
     try:
-        record["calibration"] = quick_calibrate(backend, profile, calibration, out, int(cfg.get("seed", 0)))
+        record["calibration"] = quick_calibrate(
+            backend, profile, calibration, out, int(cfg.get("seed", 0)), interval=interval
+        )
     finally:
         backend.close()
     refit_dir = out / REFIT_DIR
@@ -279,6 +281,7 @@ def _calibration_brief(rec: dict[str, Any] | None) -> dict[str, Any] | None:
         "max_drift": rec["drift"]["max_drift"],
         "refit_max_error": rec["drift"].get("refit_max_error"),  # None: a record from before the comm refit
         "comm_refit": rec.get("comm_refit"),
+        "overheads": rec.get("overheads"),
         "verdict": rec["verdict"],
     }
 
@@ -289,7 +292,7 @@ def _sentence(text: str) -> str:
 
 def deployment_lines(d: dict[str, Any] | None) -> list[str]:
     """The report's "Deployment" section."""
-    from experiments.deploy_calibration import comm_line
+    from experiments.deploy_calibration import comm_line, overhead_line
 
     if d is None:
         return []
@@ -302,6 +305,7 @@ def deployment_lines(d: dict[str, Any] | None) -> list[str]:
         against = "from the refit" if err is None else f"from the measured ones (the refit's: {err:.1%})"
         comm = cal.get("comm_refit")
         comm_text = "" if comm is None else f" {_sentence(comm_line(comm)[2:])}."
+        comm_text += f" {_sentence(overhead_line(cal.get('overheads'))[2:])}."  # None: not measured
         out += [
             f"- Profile measured right before the runs ({cal['measured_utc']}): the quick ladder ({cal['ladder']}) "
             f"refitted {cal['stored_profile']} into {cal['refit_profile']}; the stored profile's step times drift "

@@ -33,6 +33,7 @@ from sim.profile import load_profile
 PROFILE = ROOT / "results" / "fidelity" / "profile"  # 2 CPU ranks, MNIST CNN (experiments.calibrate)
 KEY = ("cpu", "mnist_cnn")
 FAST = QuickCalibration(quick=True, batches=(16, 32, 64, 128, 192, 256, 320), progress=False)
+K = 10  # iterations per decision interval of the overhead measurement
 
 
 def _line(alpha_s: float = 2e-3, beta_s: float = 3e-4, **kw) -> ComputeParams:
@@ -82,7 +83,7 @@ class SimulatedRanks(SimBackend):
 
 def test_a_machine_as_stored_is_accepted_and_the_refit_written(tmp_path):
     stored = load_profile(PROFILE)
-    record = quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0)
+    record = quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0, interval=K)
     assert record["verdict"] == "accepted" and record["drift"]["max_drift"] < 0.10
     assert [m["local_batch"] for m in record["measured"]] == [16, 32, 64, 128, 192, 256, 320]
     refit = load_profile(tmp_path / REFIT_DIR)
@@ -104,7 +105,7 @@ def test_a_machine_with_a_cache_cliff_is_refused_naming_the_drift_and_the_overri
     stored = _with_compute(load_profile(PROFILE), _line())
     now = _with_compute(stored, _line(knee_batch=192.0, knee_beta_s=6e-4))  # a cliff the stored profile lacks
     with pytest.raises(ProfileDriftError) as e:
-        quick_calibrate(SimulatedRanks(now), stored, FAST, tmp_path, seed=0)
+        quick_calibrate(SimulatedRanks(now), stored, FAST, tmp_path, seed=0, interval=K)
     record = json.loads((tmp_path / RECORD_FILE).read_text())
     assert record["verdict"] == "refused" and record["drift"]["worst_batch"] == 320
     assert record["refit"]["after"]["knee_batch"] == pytest.approx(192.0, abs=16)  # the knee is refitted
@@ -116,18 +117,23 @@ def test_a_machine_with_a_cache_cliff_is_refused_naming_the_drift_and_the_overri
     assert f"{REFIT_DIR}" in message
     # the override it names lets the deploy through
     allowed = replace(FAST, max_drift=float(message.split("set calibrate.max_drift=")[1].split()[0]))
-    assert quick_calibrate(SimulatedRanks(now), stored, allowed, tmp_path, seed=0)["verdict"] == "accepted"
-    relaxed = replace(FAST, refuse=False)
-    assert quick_calibrate(SimulatedRanks(now), stored, relaxed, tmp_path, seed=0)["verdict"].startswith(
-        "over"
+    assert (
+        quick_calibrate(SimulatedRanks(now), stored, allowed, tmp_path, seed=0, interval=K)["verdict"]
+        == "accepted"
     )
+    relaxed = replace(FAST, refuse=False)
+    assert quick_calibrate(SimulatedRanks(now), stored, relaxed, tmp_path, seed=0, interval=K)[
+        "verdict"
+    ].startswith("over")
 
 
 def test_an_all_reduce_slower_than_stored_is_refitted_and_the_drift_read_against_the_measured(tmp_path):
     stored = load_profile(PROFILE)
     comm = stored.comm[KEY]
     now = replace(stored, comm={KEY: replace(comm, alpha_intra_s=comm.alpha_intra_s + 0.02)})  # 20 ms more
-    record = quick_calibrate(SimulatedRanks(now), stored, replace(FAST, refuse=False), tmp_path, seed=0)
+    record = quick_calibrate(
+        SimulatedRanks(now), stored, replace(FAST, refuse=False), tmp_path, seed=0, interval=K
+    )
     rows = record["drift"]["rows"]
     assert all(r["stored_s"] < r["measured_s"] for r in rows)  # the stored all-reduce is too fast
     assert record["drift"]["max_drift"] == pytest.approx(
@@ -144,6 +150,59 @@ def test_an_all_reduce_slower_than_stored_is_refitted_and_the_drift_read_against
     assert record["drift"]["refit_max_error"] < 0.03
     report = (tmp_path / REPORT_FILE).read_text()
     assert "refitted all-reduce (one node): latency" in report and "| refit error |" in report
+
+
+def test_the_overheads_are_measured_on_the_ranks_and_written_into_the_refit(tmp_path):
+    stored = load_profile(PROFILE)
+    now = replace(stored, simulator={**stored.simulator, "interval_overhead_s": 0.5, "reconfig_delay_s": 0.2})
+    assert stored.simulator["interval_overhead_s"] < 0.3  # the stored pair is another machine's
+    record = quick_calibrate(SimulatedRanks(now), stored, FAST, tmp_path, seed=0, interval=K)
+    rec = record["overheads"]
+    assert rec["kept"] == "measured" and rec["interval"] == K and not rec["episode_ended"]
+    assert rec["stored"]["interval_overhead_s"] == stored.simulator["interval_overhead_s"]
+    assert len(rec["samples"]) == FAST.overhead_intervals - 1  # the first interval has no start to read from
+    assert sorted({c for c, _ in rec["samples"]}) == [False, True]  # held and changed batches both seen
+    assert rec["measured"]["interval_overhead_s"] == pytest.approx(0.5, abs=1e-9)
+    assert rec["measured"]["reconfig_delay_s"] == pytest.approx(0.2, abs=1e-9)
+    refit = load_profile(tmp_path / REFIT_DIR).simulator
+    assert refit["interval_overhead_s"] == rec["measured"]["interval_overhead_s"]
+    assert refit["reconfig_delay_s"] == rec["measured"]["reconfig_delay_s"]
+    assert refit["min_batch"] == stored.simulator["min_batch"]  # the rest as stored
+    report = (tmp_path / REPORT_FILE).read_text()
+    assert (
+        f"per-interval overheads, measured over {FAST.overhead_intervals - 1} interval(s) of K={K}" in report
+    )
+    assert "-> 500.0 ms, reconfiguration" in report and "-> 200.0 ms" in report
+
+
+def test_no_overhead_intervals_keep_the_stored_pair(tmp_path):
+    stored = load_profile(PROFILE)
+    now = replace(stored, simulator={**stored.simulator, "interval_overhead_s": 0.5})
+    record = quick_calibrate(
+        SimulatedRanks(now), stored, replace(FAST, overhead_intervals=0), tmp_path, seed=0, interval=K
+    )
+    assert record["overheads"]["kept"] == "stored" and record["overheads"]["measured"] is None
+    assert load_profile(tmp_path / REFIT_DIR).simulator == stored.simulator
+    assert "the stored profile's kept" in (tmp_path / REPORT_FILE).read_text()
+
+
+def test_an_episode_that_ends_stops_the_overhead_measurement():
+    from dynamix_gym.measurement.profiling import measure_overheads
+    from sim.protocol import IntervalReport  # noqa: F401  (the type the step returns)
+
+    reports = iter(
+        [SimpleNamespace(wall_time_s=w, iteration_time_s=np.array([0.01]), alive=np.array([True]), iterations=10)
+         for w in (1.0, 1.4, 1.8)]
+    )  # fmt: skip
+    calls = []
+
+    def step(b):
+        calls.append(int(b[0]))
+        return next(reports, None)
+
+    out = measure_overheads(step, [np.array([32])] * 6, progress=False)
+    assert calls == [32, 32, 32, 32]  # the fourth step said the episode was over: no fifth
+    assert out.interval_overhead_s == pytest.approx(0.3) and len(out.samples) == 2
 
 
 def test_refit_comm_intra_recovers_a_known_all_reduce_and_names_bad_input():
@@ -197,7 +256,7 @@ def test_the_ladder_runs_without_checkpoints_or_guards_and_gives_both_back(tmp_p
     ranks = Watched(stored)
     ranks.config = RealDDPConfig(workers=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
     ranks.guard = guard = Guard("act")
-    quick_calibrate(ranks, stored, FAST, tmp_path, seed=0)
+    quick_calibrate(ranks, stored, FAST, tmp_path, seed=0, interval=K)
     assert ranks.seen == {("off", 0)}
     assert ranks.guard is guard and ranks.config.checkpoint_every == 2
 
@@ -217,7 +276,7 @@ def test_a_cap_too_short_for_three_batches_is_named(tmp_path, monkeypatch):
     with pytest.raises(
         ValueError, match=r"measured 2 local batch\(es\) within calibrate.max_s=60 s .*raise calibrate.max_s"
     ):
-        quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0)
+        quick_calibrate(SimulatedRanks(stored), stored, FAST, tmp_path, seed=0, interval=K)
 
 
 # --- settings and preconditions ------------------------------------------------------------------
@@ -231,6 +290,15 @@ def test_a_cap_too_short_for_three_batches_is_named(tmp_path, monkeypatch):
         ({"iterations": 0}, r"calibrate.iterations must be an integer in \[1, 1000\], got 0"),
         ({"batches": [16, 32]}, r"calibrate.batches must list at least 3 distinct local batches"),
         ({"quick": "yes"}, "calibrate.quick must be true or false, got 'yes'"),
+        (
+            {"overhead_batches": [32]},
+            r"calibrate.overhead_batches must list at least 2 distinct local batches",
+        ),
+        (
+            {"overhead_intervals": -1},
+            r"calibrate.overhead_intervals must be an integer in \[0, 200\], got -1",
+        ),
+        ({"overhead_max_s": 0}, r"calibrate.overhead_max_s must lie in \(0, 600\] seconds, got 0"),
         ({"max_drif": 0.2}, r"calibrate.max_drif is not a setting; calibrate takes \['quick', 'profile'"),
     ],
 )
@@ -302,7 +370,7 @@ def test_a_short_ladder_on_two_cpu_ranks_refits_and_checks_the_stored_profile(tm
     )  # fmt: skip
     try:
         with pytest.raises(ProfileDriftError, match=r"calibrate.max_drift=1e-06"):
-            quick_calibrate(backend, stored, settings, tmp_path, seed=0)
+            quick_calibrate(backend, stored, settings, tmp_path, seed=0, interval=K)
         backend.reset(seed=1)  # the ranks train on afterwards, from a fresh start
         report = backend.run_interval(np.array([32, 32]), 5)
     finally:

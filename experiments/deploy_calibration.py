@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from hydra.utils import to_absolute_path
 from tqdm.auto import tqdm
 
@@ -332,16 +331,6 @@ def quick_calibrate(
     return record
 
 
-def overhead_schedule(settings: QuickCalibration, workers: int) -> list[np.ndarray]:
-    """Every rank at one of ``overhead_batches``, each held two intervals, in turn: after the first
-    interval every other one keeps its batches (a steady sample) and the others change them."""
-    batches = list(settings.overhead_batches)
-    return [
-        np.full(workers, batches[(i // 2) % len(batches)], dtype=np.int64)
-        for i in range(settings.overhead_intervals)
-    ]
-
-
 def remeasure_overheads(
     backend: Any,
     stored: ClusterProfile,
@@ -354,7 +343,7 @@ def remeasure_overheads(
     ``interval`` iterations per step over it, as an episode pays them) and write them into the
     refit's ``simulator`` settings; the record says what was measured and what was kept."""
     from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-    from dynamix_gym.measurement.profiling import measure_overheads
+    from dynamix_gym.measurement.profiling import measure_env_overheads, overhead_schedule
 
     before = {k: float(stored.simulator.get(k, 0.0)) for k in ("interval_overhead_s", "reconfig_delay_s")}
     rec: dict[str, Any] = {"stored": before, "kept": "stored", "measured": None, "samples": []}
@@ -362,24 +351,14 @@ def remeasure_overheads(
         rec["reason"] = "calibrate.overhead_intervals=0"
         return rec
     env = HeteroClusterEnv(backend=backend, action_mode="absolute", interval=interval, reward="time")
-    ended: list[bool] = []
-
-    def step(batches: np.ndarray) -> Any:
-        if ended:  # the episode ended (its target reached): the intervals left are not measured
-            return None
-        _, _, terminated, truncated, info = env.step(batches.astype(np.float32))
-        if terminated or truncated:
-            ended.append(True)
-        return info["report"]
-
+    # held two intervals each: after the first, every other interval is steady, the others changed
+    schedule = overhead_schedule(
+        settings.overhead_batches, settings.overhead_intervals, 2, backend.spec.num_workers
+    )
     started = time.perf_counter()
-    env.reset(seed=seed)
     try:
-        measured = measure_overheads(
-            step,
-            overhead_schedule(settings, backend.spec.num_workers),
-            progress=settings.progress,
-            budget_s=settings.overhead_max_s,
+        measured, ended = measure_env_overheads(
+            env, schedule, seed=seed, progress=settings.progress, budget_s=settings.overhead_max_s
         )
     except ValueError as e:  # no interval kept its batches: nothing to take the base from
         rec["reason"] = str(e)
@@ -393,7 +372,7 @@ def remeasure_overheads(
         },
         samples=[[bool(c), float(o)] for c, o in measured.samples],
         elapsed_s=time.perf_counter() - started,
-        episode_ended=bool(ended),
+        episode_ended=ended,
         interval=interval,
     )
     path = refit_dir / PROFILE_FILE

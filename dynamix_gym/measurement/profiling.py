@@ -284,6 +284,37 @@ def measure_overheads(
     return Overheads(interval_overhead_s=max(base, 0.0), reconfig_delay_s=reconfig, samples=samples)
 
 
+def overhead_schedule(
+    batches: Sequence[int], intervals: int, change_every: int, workers: int
+) -> list[np.ndarray]:
+    """``intervals`` batch vectors, every rank at one of ``batches`` in turn, each held
+    ``change_every`` intervals: steady intervals and changed ones for :func:`measure_overheads`."""
+    return [
+        np.full(workers, int(batches[(i // change_every) % len(batches)]), dtype=np.int64)
+        for i in range(intervals)
+    ]
+
+
+def measure_env_overheads(
+    env: Any, schedule: Iterable[np.ndarray], *, seed: int, progress: bool = True, budget_s: float = math.inf
+) -> tuple[Overheads, bool]:
+    """:func:`measure_overheads` through ``env`` (an absolute-mode env over the backend: its
+    encoding counts as in an episode), from ``env.reset(seed=seed)``; the measurement stops when
+    the episode ends (its target reached). Returns the overheads and whether the episode ended."""
+    ended: list[bool] = []
+
+    def step(batches: np.ndarray) -> IntervalReport | None:
+        if ended:
+            return None
+        _, _, terminated, truncated, info = env.step(batches.astype(np.float32))
+        if terminated or truncated:
+            ended.append(True)
+        return info["report"]
+
+    env.reset(seed=seed)
+    return measure_overheads(step, schedule, progress=progress, budget_s=budget_s), bool(ended)
+
+
 # --------------------------------------------------------------------------------------------
 # Static-batch training curves (for the convergence model)
 # --------------------------------------------------------------------------------------------

@@ -31,16 +31,6 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def overhead_schedule(cfg: DictConfig, workers: int) -> list[np.ndarray]:
-    o = cfg.overhead
-    batches = [int(b) for b in o.batches]
-    every = int(o.change_every)
-    return [
-        np.full(workers, batches[(i // every) % len(batches)], dtype=np.int64)
-        for i in range(int(o.intervals))
-    ]
-
-
 def real_workload(cfg: DictConfig, real: dict[str, Any], train_size: int) -> Workload:
     """The profile's workload: the real model and data set, sized from the model and the split."""
     from adapters.data import load_dataset
@@ -123,21 +113,13 @@ def measure_on(
 ) -> tuple[Any, list[Any]]:
     """The per-interval overheads and (``curves.enabled``) the static-batch curves on ``main``."""
     from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-    from dynamix_gym.measurement.profiling import measure_curves, measure_overheads
+    from dynamix_gym.measurement.profiling import measure_curves, measure_env_overheads, overhead_schedule
 
     env = HeteroClusterEnv(backend=main, action_mode="absolute", interval=int(cfg.interval), reward="time")
-
-    def step(batches: np.ndarray):
-        if getattr(env, "_episode_over", False) or not getattr(env, "_reset_done", False):
-            env.reset(seed=int(cfg.seed))
-        return env.step(batches.astype(np.float32))[4]["report"]
-
-    env.reset(seed=int(cfg.seed))
-    overheads = measure_overheads(
-        step,
-        overhead_schedule(cfg, workers),
-        progress=bool(cfg.progress),
-        budget_s=float(cfg.overhead.budget_s),
+    o = cfg.overhead
+    schedule = overhead_schedule([int(b) for b in o.batches], int(o.intervals), int(o.change_every), workers)
+    overheads, _ = measure_env_overheads(
+        env, schedule, seed=int(cfg.seed), progress=bool(cfg.progress), budget_s=float(o.budget_s)
     )
     runs: list[Any] = []
     if cfg.curves.enabled:

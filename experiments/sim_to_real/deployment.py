@@ -304,12 +304,12 @@ def deployment_lines(d: dict[str, Any] | None) -> list[str]:
         err = cal.get("refit_max_error")
         against = "from the refit" if err is None else f"from the measured ones (the refit's: {err:.1%})"
         comm = cal.get("comm_refit")
-        comm_text = "" if comm is None else f" {_sentence(comm_line(comm)[2:])}."
-        comm_text += f" {_sentence(overhead_line(cal.get('overheads'))[2:])}."  # None: not measured
+        refits = "" if comm is None else f" {_sentence(comm_line(comm)[2:])}."
+        refits += f" {_sentence(overhead_line(cal.get('overheads'))[2:])}."  # None: not measured
         out += [
             f"- Profile measured right before the runs ({cal['measured_utc']}): the quick ladder ({cal['ladder']}) "
             f"refitted {cal['stored_profile']} into {cal['refit_profile']}; the stored profile's step times drift "
-            f"{cal['max_drift']:.1%} at most {against} ({cal['verdict']}).{comm_text} The simulated side runs on "
+            f"{cal['max_drift']:.1%} at most {against} ({cal['verdict']}).{refits} The simulated side runs on "
             "the refit.",
         ]
     for lab, ft in d["finetune"].items():

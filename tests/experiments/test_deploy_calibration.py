@@ -188,7 +188,6 @@ def test_no_overhead_intervals_keep_the_stored_pair(tmp_path):
 
 def test_an_episode_that_ends_stops_the_overhead_measurement():
     from dynamix_gym.measurement.profiling import measure_overheads
-    from sim.protocol import IntervalReport  # noqa: F401  (the type the step returns)
 
     reports = iter(
         [SimpleNamespace(wall_time_s=w, iteration_time_s=np.array([0.01]), alive=np.array([True]), iterations=10)

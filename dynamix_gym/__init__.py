@@ -8,8 +8,9 @@ Importing the package registers:
 * ``dynamix/HeteroClusterPerWorker-v0``: the same cluster, one worker's decision per step;
 * ``dynamix/RealDDP-v0``: the centralised env over real PyTorch DDP training (``adapters``);
 * ``dynamix/ElasticCluster-v0``: GPUs rented from a priced pool, held, released and preempted;
-* ``dynamix/PipelineCluster-v0``: where to cut a pipeline-parallel model, under interference;
-* ``dynamix/RealPipeline-v0``: the same env over real CPU gloo stage ranks (``adapters``).
+* ``dynamix/PipelineCluster-v1``: where to cut a pipeline-parallel model, under interference
+  (``-v0``: its observation without the move gains);
+* ``dynamix/RealPipeline-v1``: the same env over real CPU gloo stage ranks (``adapters``; ``-v0`` too).
 """
 
 from gymnasium.envs.registration import register, registry
@@ -39,8 +40,15 @@ _ENVS = {
     "dynamix/HeteroClusterPerWorker-v0": "dynamix_gym.envs.per_worker:PerWorkerEnv",
     "dynamix/RealDDP-v0": "adapters.ddp_env:make_real_ddp_env",
     "dynamix/ElasticCluster-v0": "dynamix_gym.envs.elastic_cluster:ElasticClusterEnv",
+    "dynamix/PipelineCluster-v1": "dynamix_gym.envs.pipeline_cluster:PipelineClusterEnv",
+    "dynamix/RealPipeline-v1": "adapters.real_pipeline.env:make_real_pipeline_env",
     "dynamix/PipelineCluster-v0": "dynamix_gym.envs.pipeline_cluster:PipelineClusterEnv",
     "dynamix/RealPipeline-v0": "adapters.real_pipeline.env:make_real_pipeline_env",
+}
+#: registration kwargs of the older versions (their observation without the later features)
+_ENV_KWARGS = {
+    "dynamix/PipelineCluster-v0": {"move_gains": False},
+    "dynamix/RealPipeline-v0": {"move_gains": False},
 }
 #: native vector envs (``gymnasium.make_vec(id, vectorization_mode="vector_entry_point")``)
 _VECTOR_ENVS = {"dynamix/HeteroCluster-v0": "dynamix_gym.envs.batched_vector:BatchedClusterVectorEnv"}
@@ -48,5 +56,9 @@ for _id, _entry in _ENVS.items():
     if _id not in registry:
         # The env enforces its own time and decision budgets (truncation), so no TimeLimit here.
         register(
-            id=_id, entry_point=_entry, vector_entry_point=_VECTOR_ENVS.get(_id), disable_env_checker=False
+            id=_id,
+            entry_point=_entry,
+            vector_entry_point=_VECTOR_ENVS.get(_id),
+            disable_env_checker=False,
+            kwargs=_ENV_KWARGS.get(_id, {}),
         )

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from dynamix_gym.pipeline.planner import plan_cost_s, profile
 from dynamix_gym.reward import RewardConfig, compute_reward
 from sim.cluster import ClusterSpec
 from sim.faults import Scenario
@@ -45,6 +46,8 @@ GLOBAL_FEATURES = (
     "num_blocks",
     "num_stages",
 )
+#: Per-boundary features of v1 (``move_gains``), in order.
+MOVE_FEATURES = ("gain_left", "gain_right")
 #: World maker: rng -> dict(cluster=, model=, scenario=, stages=) (generated pipelines for training).
 WorldFn = Callable[[np.random.Generator], dict[str, Any]]
 
@@ -82,9 +85,10 @@ class PipelineClusterEnv(gym.Env):
     ``info["refused"]`` as ``(entry, value)``; an action outside the space is a ``ValueError``.
 
     ## Observation Space
-    ``Box(-1, 1, (max_stages * 11 + (max_stages - 1) + 10,), float32)``: per stage (padded
-    stages all -1) the 11 features below (``link_mbps``: the boundary after the stage; 0 for the
-    last), then the ``max_stages - 1`` boundary positions, then 10 globals. Each raw value is
+    ``Box(-1, 1, (max_stages * 11 + (max_stages - 1) + 10 + 2 (max_stages - 1),), float32)`` (v0:
+    without the last term): per stage (padded stages all -1) the 11 features below (``link_mbps``:
+    the boundary after the stage; 0 for the last), then the ``max_stages - 1`` boundary positions,
+    then 10 globals, then (v1) two move gains per boundary. Each raw value is
     clipped to its range and mapped linearly onto [-1, 1].
 
     | index | name | unit | raw range | description |
@@ -111,6 +115,17 @@ class PipelineClusterEnv(gym.Env):
     | +7 | time_used | fraction | [0, 1] | wall time / time budget |
     | +8 | num_blocks | count | [0, 64] | the model's blocks |
     | +9 | num_stages | count | [0, max_stages] | S |
+    | +10 + 2 i | gain_left | fraction | [-0.5, 0.5] | v1: boundary i moved by -1, predicted cut of the slowest stage's cost |
+    | +11 + 2 i | gain_right | fraction | [-0.5, 0.5] | v1: boundary i moved by +1, the same |
+
+    The v1 move gains (``move_gains=True``, ``max_stages - 1`` pairs; padded boundaries and moves
+    that would empty a stage -1) read the quiet cluster's per-block profile taken at reset
+    (:func:`~dynamix_gym.pipeline.planner.profile`, what PipeDream and DynPipe plan from) against
+    the interval's measured stage times: each stage's slow-down is its measured (forward +
+    backward) time over the profile's for its blocks, and a move's gain is
+    ``1 - cost(moved) / cost(now)`` of PipeDream's objective (the slowest stage's cost,
+    communication included) at those slow-downs. A positive gain: the move would shorten the
+    slowest stage.
 
     ## Rewards
     ``time`` (:mod:`dynamix_gym.reward`): ``-interval_time_s / time_scale_s`` per step plus
@@ -135,10 +150,12 @@ class PipelineClusterEnv(gym.Env):
     ``max_stages``, ``micro_batch_set``, ``target_quality`` (None:
     the workload's), ``time_budget_s``, ``max_decisions``, ``reward`` (kind ``time`` only),
     ``simulator_kwargs``, ``start_planner`` (``(env, seed) -> options`` for a reset given none: a
-    learner's episodes start from a planner's plan).
+    learner's episodes start from a planner's plan), ``move_gains`` (v1's features; False: v0's
+    observation).
 
     ## Version History
-    * v0: initial version.
+    * v1: the move gains (two per boundary) after the globals; the default of the class.
+    * v0: initial version (``move_gains=False``).
     """
 
     metadata = {"render_modes": []}
@@ -162,6 +179,7 @@ class PipelineClusterEnv(gym.Env):
         reward: str | dict | RewardConfig = "time",
         simulator_kwargs: dict[str, Any] | None = None,
         start_planner: Callable[[Any, int], dict[str, Any]] | None = None,
+        move_gains: bool = True,
     ) -> None:
         self.reward_cfg = RewardConfig.from_any(reward)
         if self.reward_cfg.kind != "time":
@@ -188,7 +206,10 @@ class PipelineClusterEnv(gym.Env):
         self.max_decisions = int(max_decisions)
         self.simulator_kwargs = dict(simulator_kwargs or {})
         self.start_planner = start_planner
+        self.move_gains = bool(move_gains)
         n_obs = self.max_stages * len(STAGE_FEATURES) + (self.max_stages - 1) + len(GLOBAL_FEATURES)
+        if self.move_gains:
+            n_obs += (self.max_stages - 1) * len(MOVE_FEATURES)
         self.observation_space = spaces.Box(-1.0, 1.0, (n_obs,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete([3] * (self.max_stages - 1) + [len(self.micro_batch_set)])
         self.sim: PipelineSimulator | None = None
@@ -235,6 +256,7 @@ class PipelineClusterEnv(gym.Env):
         world_rng, sim_rng = np.random.default_rng(self.episode_seed).spawn(2)
         self.sim = self._backend(self._build(world_rng, options.get("stages")))
         self.sim.reset(rng=sim_rng)
+        self._profile = profile(self.sim)  # the quiet cluster's, for the move gains (v1's features)
         n = self.sim.model.num_blocks
         self.sizes = tuple(options.get("sizes") or even_split(n, self.sim.num_stages))
         m = options.get("micro_batches", self.micro_batch_set[len(self.micro_batch_set) // 2])
@@ -395,8 +417,34 @@ class PipelineClusterEnv(gym.Env):
             _lin(n, 0, 64),
             _lin(S, 0, self.max_stages),
         ]
-        out = np.concatenate([per.reshape(-1), cuts, np.array(g, dtype=np.float64).reshape(-1)])
-        return out.astype(np.float32)
+        parts = [per.reshape(-1), cuts, np.array(g, dtype=np.float64).reshape(-1)]
+        if self.move_gains:
+            parts.append(_lin(self.move_gain_values(r), -0.5, 0.5).reshape(-1))
+        return np.concatenate(parts).astype(np.float32)
+
+    def move_gain_values(self, r: PipelineReport) -> np.ndarray:
+        """(max_stages - 1, 2) raw move gains of the report's partition (the v1 features; -1 where
+        the move would empty a stage or the boundary is padding)."""
+        prof, S = self._profile, r.num_stages
+        out = -np.ones((self.max_stages - 1, len(MOVE_FEATURES)))
+        if prof.num_stages != S:
+            return out
+        sizes = tuple(int(x) for x in r.sizes)
+        b = bounds(sizes)
+        s = np.arange(S)
+        quiet = (prof.fwd_cum[s, b[1:]] - prof.fwd_cum[s, b[:-1]]) + (
+            prof.bwd_cum[s, b[1:]] - prof.bwd_cum[s, b[:-1]]
+        )
+        slow = np.clip((r.fwd_time_s + r.bwd_time_s) / np.maximum(quiet, 1e-12), 1e-3, 1e3)
+        now = max(plan_cost_s(prof, sizes, slow), 1e-12)
+        for i in range(S - 1):
+            for k, d in enumerate((-1, 1)):  # -1: stage i hands its last block on; +1: it takes one
+                moved = list(sizes)
+                moved[i] += d
+                moved[i + 1] -= d
+                if min(moved[i], moved[i + 1]) >= 1:
+                    out[i, k] = 1.0 - plan_cost_s(prof, moved, slow) / now
+        return out
 
     def _info(self, report: PipelineReport) -> dict[str, Any]:
         return {

@@ -230,19 +230,28 @@ def pretrain(
     learning_rate: float = 1e-3,
     seed: int = 0,
     per_episode: bool = False,
+    sample_weights: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Behaviour cloning of ``model.policy`` (cross-entropy) plus value regression on the returns.
 
     ``obs_fn`` normalises observations as the training env will (VecNormalize); value targets are
     returns divided by ``return_scale`` (VecNormalize's reward scale). ``per_episode`` weights
-    every episode alike (:meth:`ExpertData.weights`) instead of every decision.
+    every episode alike (:meth:`ExpertData.weights`) instead of every decision. ``sample_weights``
+    (S,) multiply those weights (renormalised to mean 1), e.g. to weigh a rare action up.
     """
+    w = data.weights(per_episode)
+    if sample_weights is not None:
+        sw = np.asarray(sample_weights, dtype=np.float64)
+        if sw.shape != w.shape or not np.all(np.isfinite(sw)) or np.any(sw < 0) or not sw.sum() > 0:
+            raise ValueError(f"sample_weights must be {w.shape[0]} finite weights >= 0, not all 0")
+        w = w * sw
+        w = (w / w.mean()).astype(np.float32)
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(obs_fn(data.obs), device=device)
     actions = torch.as_tensor(data.actions, device=device)
     targets = torch.as_tensor(data.returns / return_scale, device=device)
-    weights = torch.as_tensor(data.weights(per_episode), device=device)
+    weights = torch.as_tensor(w, device=device)
     opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     gen = torch.Generator().manual_seed(seed)
     n = len(actions)
@@ -261,7 +270,10 @@ def pretrain(
     policy.set_training_mode(False)
     with torch.no_grad():
         dist = policy.get_distribution(obs)
-        hits = (dist.get_actions(deterministic=True) == actions).float()
+        hits = dist.get_actions(deterministic=True) == actions
+        if hits.ndim > 1:  # MultiDiscrete: an action agrees when every entry does
+            hits = hits.all(dim=1)
+        hits = hits.float()
         agree = float(hits.mean())
         agree_weighted = float((weights * hits).mean())
         values = policy.predict_values(obs).flatten()

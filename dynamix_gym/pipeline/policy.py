@@ -34,6 +34,15 @@ class PolicyController(PipelineController):
     def start_options(self, env, seed: int) -> dict[str, Any]:
         return dynpipe_start(env, seed)
 
+    def reset(self, env) -> None:
+        want, have = self.model.observation_space.shape, env.observation_space.shape
+        if want != have:
+            raise ValueError(
+                f"the pipeline policy reads observations of shape {want}, the env gives {have}: a policy "
+                "trained on dynamix/PipelineCluster-v0 needs move_gains=False, one of v1 move_gains=True"
+            )
+        super().reset(env)
+
     def predict(self, obs, info: dict[str, Any], deterministic: bool = True) -> tuple[np.ndarray, None]:
         action, _ = self.model.predict(obs, deterministic=deterministic, action_masks=self.env.action_masks())
         return np.asarray(action), None

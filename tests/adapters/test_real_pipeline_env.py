@@ -1,4 +1,4 @@
-"""dynamix/RealPipeline-v0: the pipeline env's own code over live CPU gloo stage ranks."""
+"""dynamix/RealPipeline-v1: the pipeline env's own code over live CPU gloo stage ranks."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_burst_scenario_checks_its_factor():
 @pytest.mark.integration
 def test_one_interval_on_real_ranks_speaks_the_envs_protocol():
     env = gym.make(
-        "dynamix/RealPipeline-v0", job=SMALL, calibration=CAL, interval=3, interval_s=None
+        "dynamix/RealPipeline-v1", job=SMALL, calibration=CAL, interval=3, interval_s=None
     ).unwrapped
     try:
         ctrl = EvenSplitController()

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from experiments.common import REPO_ROOT
 
-ORDER = ("even", "pipedream", "dynpipe", "policy", "hindsight_limit")
+ORDER = ("even", "pipedream", "dynpipe", "greedy_gain", "policy", "hindsight_limit")
 
 
 def table(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str], tuple[float, int, int]]]:
@@ -90,8 +90,12 @@ def render(path: Path, extra: list[Path] = ()) -> None:
         ("even", "dynpipe", None),
         ("dynpipe", "pipedream", None),
     ]
+    if "greedy_gain" in ctrls:
+        checks += [("greedy_gain", "dynpipe", None), ("greedy_gain", "hindsight_limit", None)]
     if "policy" in ctrls:
         checks += [("policy", "dynpipe", None), ("policy", "hindsight_limit", None)]
+    if "policy" in ctrls and "greedy_gain" in ctrls:
+        checks += [("policy", "greedy_gain", None)]
     lines += ["", note, "", "| ratio of times to the target | scenarios | geometric mean | max | tasks both reached |",
               "|---|---|---|---|---|"]  # fmt: skip
     for a, b, scs in checks:

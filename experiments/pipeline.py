@@ -80,8 +80,15 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    rows = []
-    for scenario in cfg.scenarios:
+    rows: list[dict[str, Any]] = []
+    merge = list(cfg.get("merge_from") or [])
+    for path in merge:  # rows of runs over disjoint scenarios (e.g. two processes), summarised as one
+        path = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+        rows += json.loads(path.read_text())["rows"]
+    keys = [(r["scenario"], r["seed"], r["controller"]) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError("merge_from: the files share (scenario, seed, controller) rows; merge disjoint runs")
+    for scenario in [] if merge else cfg.scenarios:
         env = PipelineClusterEnv(world=world_fn(cfg.split, scenario), schedule=cfg.schedule,
                                  interval=int(cfg.interval), interval_s=cfg.interval_s)  # fmt: skip
         for seed in task_seeds(cfg.split, int(cfg.seeds_per_scenario)):

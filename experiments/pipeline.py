@@ -54,12 +54,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"tasks": len(by)}
 
     def ratio(a: str, b: str, scenarios=None):
-        vals = [
+        vals = [  # over the tasks both reached (a miss of either side is no ratio: see "reached")
             t[a] / t[b]
             for (sc, _), t in by.items()
             if a in t and b in t and (scenarios is None or sc in scenarios)
-        ]
-        vals = [v for v in vals if math.isfinite(v)]
+            and math.isfinite(t[a]) and math.isfinite(t[b])
+        ]  # fmt: skip
         return {"geo_mean": geo_mean(vals), "max": max(vals) if vals else math.nan, "n": len(vals)}
 
     for a in names:
@@ -84,7 +84,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     merge = list(cfg.get("merge_from") or [])
     for path in merge:  # rows of runs over disjoint scenarios (e.g. two processes), summarised as one
         path = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
-        rows += json.loads(path.read_text())["rows"]
+        for r in json.loads(path.read_text())["rows"]:  # a miss is saved as null
+            rows.append({**r, "time_to_target_s": math.inf if r["time_to_target_s"] is None else r["time_to_target_s"]})
     keys = [(r["scenario"], r["seed"], r["controller"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError("merge_from: the files share (scenario, seed, controller) rows; merge disjoint runs")

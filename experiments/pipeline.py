@@ -3,7 +3,7 @@
     python -m experiments.pipeline                   # conf/pipeline.yaml
 
 Per scenario and test-split seed (the world and its faults are drawn from the seed), every
-controller runs one episode of ``dynamix/PipelineCluster-v0`` and the hindsight limit replays the
+controller runs one episode of ``dynamix/PipelineCluster-v1`` and the hindsight limit replays the
 same episode under its candidates (the controllers among them). Writes every row and the summary
 (geometric means of time-to-target ratios; the limit's never-beaten check) to ``out``.
 """
@@ -85,7 +85,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for path in merge:  # rows of runs over disjoint scenarios (e.g. two processes), summarised as one
         path = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
         for r in json.loads(path.read_text())["rows"]:  # a miss is saved as null
-            rows.append({**r, "time_to_target_s": math.inf if r["time_to_target_s"] is None else r["time_to_target_s"]})
+            rows.append(
+                {
+                    **r,
+                    "time_to_target_s": math.inf if r["time_to_target_s"] is None else r["time_to_target_s"],
+                }
+            )
     keys = [(r["scenario"], r["seed"], r["controller"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError("merge_from: the files share (scenario, seed, controller) rows; merge disjoint runs")

@@ -2,7 +2,7 @@
 
     python -m experiments.pipeline_real                  # conf/pipeline_real.yaml
 
-``dynamix/RealPipeline-v0`` (two CPU gloo stage ranks, the digits job, an emulated burst: stage
+``dynamix/RealPipeline-v1`` (two CPU gloo stage ranks, the digits job, an emulated burst: stage
 rank ``burst.stage`` computes ``burst.factor`` times longer from ``burst.start_s``) driven to the
 target accuracy by each controller, for each seed; the controllers' order rotates from seed to
 seed, so the machine's load falls on all alike, and ``os.getloadavg`` is recorded around each run.

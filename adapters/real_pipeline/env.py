@@ -1,4 +1,4 @@
-"""``dynamix/RealPipeline-v0``: the unchanged pipeline env over live CPU gloo stage ranks.
+"""``dynamix/RealPipeline-v1``: the unchanged pipeline env over live CPU gloo stage ranks.
 
 :class:`RealPipelineEnv` is :class:`~dynamix_gym.envs.pipeline_cluster.PipelineClusterEnv` (the
 same protocol, observation table, masks and reward code) whose episodes run on a
@@ -84,7 +84,7 @@ class RealPipelineEnv(PipelineClusterEnv):
 
 
 def make_real_pipeline_env(**kwargs: Any) -> RealPipelineEnv:
-    """The registered entry point of ``dynamix/RealPipeline-v0``."""
+    """The registered entry point of ``dynamix/RealPipeline-v1`` (and ``-v0``: ``move_gains=False``)."""
     from adapters.ddp_env import check_main_guard
 
     check_main_guard()

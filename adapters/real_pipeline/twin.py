@@ -134,7 +134,7 @@ def twin_simulator(
 
 
 def twin_env(job: RealJob, calibration: dict, scenario: str | Scenario, ranks: int = 2, **env_kwargs):
-    """``dynamix/PipelineCluster-v0`` on the twin: the simulated env of the real job (``env_kwargs``:
+    """``dynamix/PipelineCluster-v1`` on the twin: the simulated env of the real job (``env_kwargs``:
     the env's own, e.g. ``interval_s``, ``target_quality``)."""
     from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
 

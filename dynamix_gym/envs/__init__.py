@@ -3,7 +3,7 @@
 - :mod:`.hetero_cluster`: ``dynamix/HeteroCluster-v0``, the centralised env over any backend
 - :mod:`.per_worker`: ``dynamix/HeteroClusterPerWorker-v0``, one worker's decision per step
 - :mod:`.parallel_cluster`: the per-worker problem as a PettingZoo ``ParallelEnv``
-- :mod:`.pipeline_cluster`: ``dynamix/PipelineCluster-v0``, partitions of a pipeline-parallel model
+- :mod:`.pipeline_cluster`: ``dynamix/PipelineCluster-v1``, partitions of a pipeline-parallel model
 - :mod:`.elastic_cluster`: ``dynamix/ElasticCluster-v0``, GPUs rented from a priced pool
 - :mod:`.randomized`: domain-randomised worlds for pretraining; :mod:`.vec_env`: vectorised envs
 - :mod:`.batched_vector` (``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``) and

@@ -1,4 +1,4 @@
-"""The agent's side of the pipeline problem (``dynamix/PipelineCluster-v0``):
+"""The agent's side of the pipeline problem (``dynamix/PipelineCluster-v1``):
 
 - :mod:`.planner`: the quiet cluster's stage profile, PipeDream's DP, DynPipe's T(S) x W(S)
 - :mod:`.controllers`: the even split, PipeDream's planner, DynPipe, the truth-reading re-planner

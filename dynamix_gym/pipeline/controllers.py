@@ -1,4 +1,4 @@
-"""Controllers of ``dynamix/PipelineCluster-v0``: the rivals and a truth-reading re-planner.
+"""Controllers of ``dynamix/PipelineCluster-v1``: the rivals and a truth-reading re-planner.
 
 Every controller has ``start_options(env, seed)`` (the reset options: stage count, starting
 partition, micro-batches), ``reset(env)`` after the env's reset, and ``predict(obs, info)`` with

@@ -97,6 +97,7 @@ def _dropin(guards, steps: int = 400) -> dict:
                 p.kill()
 
 
+@pytest.mark.slow  # 30 s of real ranks; the env-level guard tests above run in make test
 def test_the_drop_in_rolls_a_reckless_job_back_and_reaches_the_target():
     wrecked = _dropin("off")
     assert not wrecked["done"] and wrecked["accs"][-1] < 0.2

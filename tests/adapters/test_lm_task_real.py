@@ -72,6 +72,7 @@ def test_falling_metric_reaching_its_target_ends_the_episode():
     assert decisions >= 2  # the untrained model is above the target: it took training to get there
 
 
+@pytest.mark.slow  # 16 s of real ranks; the LM's env-level real tests above run in make test
 def test_the_drop_in_runs_the_language_model():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:

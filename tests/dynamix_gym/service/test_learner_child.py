@@ -151,6 +151,7 @@ def _child_priority(_: object) -> tuple[int, int, int]:
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.slow  # an idle-priority child imports torch only when the other test worker leaves a core: ~30 s
 def test_a_child_runs_idle_niced_on_one_thread():
     """The learner's child only takes CPU time the service leaves (bench_serve learn=true)."""
     policy, nice, threads = call_in_child(_child_priority, None)

@@ -5,8 +5,8 @@
 Writes ``compare.md`` (per controller the median time to the target, real and simulated, its ratio
 to the even split's per seed, the machine's load) and ``partition_seed<k>.png`` (per controller:
 the blocks of stage 0 over the run's wall time, and each stage's measured forward + backward
-seconds per micro-batch with the emulated slow-down) beside the JSON. Every figure is computed
-from the saved runs.
+seconds per micro-batch with the emulated slow-down) beside the JSON; for another JSON name,
+``<name>.md`` and ``<name>_partition_seed<k>.png``. Every figure is computed from the saved runs.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def render(path: Path) -> None:
         f"Kendall tau, real vs simulated time to the target: over the runs {data['kendall_tau_runs']:.2f}, "
         f"over the controllers' medians {data['kendall_tau_medians']:.2f}.",
     ]
-    (path.parent / "compare.md").write_text("\n".join(lines) + "\n")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     for seed in sorted({r["seed"] for r in runs}):
         mine = [r for r in runs if r["seed"] == seed]
         fig = Figure(figsize=(10, 2.4 * len(mine)))
@@ -76,7 +76,10 @@ def render(path: Path) -> None:
         axes[-1][1].set_xlabel("wall time (s)")
         fig.suptitle(f"real stage ranks, seed {seed}: partition and stage times (target at the black line)")
         fig.tight_layout()
-        fig.savefig(path.parent / f"partition_seed{seed}.png", dpi=100)
+        prefix = (
+            "" if path.stem == "compare" else f"{path.stem}_"
+        )  # compare_2.json: compare_2_partition_seed0.png
+        fig.savefig(path.parent / f"{prefix}partition_seed{seed}.png", dpi=100)
 
 
 if __name__ == "__main__":

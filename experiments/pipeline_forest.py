@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 from dynamix_gym.envs.pipeline_cluster import PipelineClusterEnv
 from dynamix_gym.pipeline.controllers import TruthReplanController
 from dynamix_gym.pipeline.forest import FEATURES, StageFeatures, StagePredictor
-from dynamix_gym.pipeline.planner import profile
 from dynamix_gym.pipeline.worlds import SPLITS, world_fn
 from experiments.common import REPO_ROOT, hydra_app, plain
 
@@ -34,7 +33,7 @@ def episode_rows(env: PipelineClusterEnv, seed: int, random_moves: bool, max_ste
     ctrl = TruthReplanController(0.1)
     obs, info = env.reset(seed=seed, options=ctrl.start_options(env, seed))
     ctrl.reset(env)
-    feats = StageFeatures(profile(env.sim))
+    feats = StageFeatures(env.quiet_profile())
     rng = np.random.default_rng(seed)
     xs, ys = [], []
     for _ in range(max_steps):

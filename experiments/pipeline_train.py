@@ -91,14 +91,16 @@ def warm_start(cfg: DictConfig, model, venv, make) -> dict:
     ident = lambda x: x  # noqa: E731  (observations are not normalised: norm_obs=False)
     epochs, lr = int(opts.epochs), float(opts.learning_rate)
 
-    def weights(d):  # a decision where the teacher moves a boundary weighs move_weight
-        return np.where(np.any(d.actions[:, :-1] != 1, axis=1), move_weight, 1.0)
+    def moves(d):  # the decisions where the teacher moves a boundary (entry 1: hold)
+        return np.any(d.actions[:, :-1] != 1, axis=1)
+
+    def weights(d):  # a move weighs move_weight
+        return np.where(moves(d), move_weight, 1.0)
 
     stats = pretrain(model, data, ident, scale, epochs=epochs, learning_rate=lr, seed=int(cfg.seed),
                      sample_weights=weights(data))  # fmt: skip
-    moves = float(np.mean(np.any(data.actions[:, :-1] != 1, axis=1)))
     out = {"teacher_episodes": data.episodes, "teacher_mean_tta_s": data.mean_tta_s, "cloning": stats,
-           "teacher_move_share": moves, "dagger": []}  # fmt: skip
+           "teacher_move_share": float(np.mean(moves(data))), "dagger": []}  # fmt: skip
     for k in range(int(opts.dagger_rounds)):
         first = seeds[-1] + 1
         seeds = list(range(first, first + int(opts.episodes_per_dagger_round)))

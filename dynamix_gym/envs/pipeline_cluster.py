@@ -213,6 +213,7 @@ class PipelineClusterEnv(gym.Env):
         self.observation_space = spaces.Box(-1.0, 1.0, (n_obs,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete([3] * (self.max_stages - 1) + [len(self.micro_batch_set)])
         self.sim: PipelineSimulator | None = None
+        self._profile = None
 
     # --- episode -----------------------------------------------------------------------------------
     def _build(self, rng: np.random.Generator, stages: int | None) -> PipelineSimulator:
@@ -256,7 +257,7 @@ class PipelineClusterEnv(gym.Env):
         world_rng, sim_rng = np.random.default_rng(self.episode_seed).spawn(2)
         self.sim = self._backend(self._build(world_rng, options.get("stages")))
         self.sim.reset(rng=sim_rng)
-        self._profile = profile(self.sim)  # the quiet cluster's, for the move gains (v1's features)
+        self._profile = None  # the quiet profile, on first use (quiet_profile)
         n = self.sim.model.num_blocks
         self.sizes = tuple(options.get("sizes") or even_split(n, self.sim.num_stages))
         m = options.get("micro_batches", self.micro_batch_set[len(self.micro_batch_set) // 2])
@@ -422,10 +423,19 @@ class PipelineClusterEnv(gym.Env):
             parts.append(_lin(self.move_gain_values(r), -0.5, 0.5).reshape(-1))
         return np.concatenate(parts).astype(np.float32)
 
+    def quiet_profile(self):
+        """The episode's quiet-cluster profile (:func:`~dynamix_gym.pipeline.planner.profile` of the
+        backend: what the planners and the move gains read), computed once per episode."""
+        if self.sim is None:
+            raise RuntimeError("PipelineClusterEnv.quiet_profile() called before reset()")
+        if self._profile is None:
+            self._profile = profile(self.sim)
+        return self._profile
+
     def move_gain_values(self, r: PipelineReport) -> np.ndarray:
         """(max_stages - 1, 2) raw move gains of the report's partition (the v1 features; -1 where
         the move would empty a stage or the boundary is padding)."""
-        prof, S = self._profile, r.num_stages
+        prof, S = self.quiet_profile(), r.num_stages
         out = -np.ones((self.max_stages - 1, len(MOVE_FEATURES)))
         if prof.num_stages != S:
             return out

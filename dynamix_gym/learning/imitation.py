@@ -63,6 +63,17 @@ def expert_steps(
     return np.where(hold, neutral, dist.argmin(axis=1))
 
 
+def discounted_returns(rewards, gamma: float) -> np.ndarray:
+    """The discounted return from every step of one episode's ``rewards``. A truncated episode is
+    not bootstrapped: its last returns are slightly low."""
+    g = 0.0
+    out = np.empty(len(rewards))
+    for t in range(len(rewards) - 1, -1, -1):
+        g = rewards[t] + gamma * g
+        out[t] = g
+    return out
+
+
 def _mean_of_finite(*values: float) -> float:
     finite = [v for v in values if np.isfinite(v)]
     return float(np.mean(finite)) if finite else float("nan")
@@ -199,11 +210,7 @@ def collect_expert_data(
             done = term or trunc
         if term:
             ttas.append(info["time_to_accuracy_s"])
-        g = 0.0  # a truncated episode is not bootstrapped: its last returns are slightly low
-        returns = np.empty(len(ep_rew))
-        for t in range(len(ep_rew) - 1, -1, -1):
-            g = ep_rew[t] + gamma * g
-            returns[t] = g
+        returns = discounted_returns(ep_rew, gamma)
         for o, a, ret in zip(ep_obs, ep_act, returns, strict=True):
             obs_rows.append(o)
             acts.append(a)

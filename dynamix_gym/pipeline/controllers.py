@@ -113,7 +113,7 @@ class DynPipeController(PipelineController):
 
     def reset(self, env) -> None:
         super().reset(env)
-        self.prof = profile(env.sim)
+        self.prof = env.quiet_profile()
         self.features = StageFeatures(self.prof)
         self.applied: frozenset[int] = frozenset()
         self.pending: frozenset[int] | None = None
@@ -211,7 +211,7 @@ class TruthReplanController(PipelineController):
 
     def reset(self, env) -> None:
         super().reset(env)
-        self.prof = profile(env.sim)
+        self.prof = env.quiet_profile()
         self.target: tuple[int, ...] | None = None
 
     def predict(self, obs, info: dict[str, Any], deterministic: bool = True) -> tuple[np.ndarray, None]:

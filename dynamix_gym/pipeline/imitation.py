@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamix_gym.learning.imitation import ExpertData
+from dynamix_gym.learning.imitation import ExpertData, discounted_returns
 from dynamix_gym.pipeline.controllers import (
     GreedyGainController,
     PipelineController,
@@ -91,14 +91,9 @@ def collect_teacher_data(
             ep_rew.append(float(reward))
         if terminated:
             ttas.append(info["report"].wall_time_s)
-        g = 0.0  # a truncated episode is not bootstrapped: its last returns are slightly low
-        returns = np.empty(len(ep_rew))
-        for t in range(len(ep_rew) - 1, -1, -1):
-            g = ep_rew[t] + gamma * g
-            returns[t] = g
         obs_rows += ep_obs
         acts += ep_act
-        rets.append(returns)
+        rets.append(discounted_returns(ep_rew, gamma))
         lens.append(np.full(len(ep_rew), len(ep_rew)))
     return ExpertData(
         np.stack(obs_rows).astype(np.float32),

@@ -416,6 +416,7 @@ class DDPBackend(BackendState):
         cfg = self.config
         t_start = time.perf_counter()
         wall_start = self.wall_time_s()
+        mono_start = time.monotonic()  # the workers' clock (system-wide) at wall_start
         faults = self.faults.interval(wall_start, b, k_iters, self._last_comm_s)
         b_run = np.where(faults.alive, b, 0)
         if not b_run.any():
@@ -437,7 +438,11 @@ class DDPBackend(BackendState):
             "probe": probe,
             "good": np.where(faults.alive, self._good, 0).tolist(),
         }
-        kwargs = [{**common, "slowdown": float(faults.slowdown[r])} for r in range(cfg.workers)]
+        kwargs = [
+            {**common, "slowdown": float(faults.slowdown[r]),
+             "slowdown_at": [(mono_start + dt, float(s[r])) for dt, s in faults.slowdown_changes]}
+            for r in range(cfg.workers)
+        ]  # fmt: skip
         snap0 = HostSnapshot.take()
         deadline = (k_iters + 1) * cfg.timeout_s + (cfg.start_timeout_s if self._intervals == 0 else 0.0)
         replies = self._command("interval", kwargs, deadline_s=deadline)

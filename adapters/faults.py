@@ -21,7 +21,10 @@ rank waits equally):
 
 ``comm_s`` is the all-reduce time measured in the previous interval. A ``loss`` fault makes the
 worker sit the interval out (local batch 0: it joins every collective with a zero gradient, and
-the report marks it not alive). Faults start and end at interval boundaries. Injected network
+the report marks it not alive). A change of the compute factors takes effect at the first iteration
+that starts after its time, inside an interval as in the simulator (``slowdown_changes``: the
+scenario's timeline drawn ahead from the same seeds, :class:`sim.fault_timeline.FaultTimeline`);
+a loss and the network faults start and end at interval boundaries. Injected network
 faults are delays only: they do not make the kernel retransmit, so ``tcp_retransmissions`` stays
 what the kernel measured.
 """
@@ -33,8 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from sim.fault_timeline import FaultTimeline
 from sim.faults import ClusterState, FaultInjector, Scenario, get_scenario
 from sim.hardware import ComputeModel, compute_params
+
+#: How far ahead (real seconds) an interval's compute-fault changes are looked up.
+LOOKAHEAD_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class IntervalFaults:
     alive: np.ndarray  # (N,) bool
     net_delay_s: np.ndarray  # (K,) extra seconds after each all-reduce, same for every rank
     events: tuple[str, ...]
+    #: (real seconds after the interval's start, (N,) compute multipliers from then on), in time
+    #: order: the compute faults that change within the look-ahead horizon
+    slowdown_changes: tuple[tuple[float, np.ndarray], ...] = ()
 
 
 class EmulatedGpuTypes:
@@ -111,6 +121,11 @@ class FaultEmulator:
             np.arange(self.num_workers),  # one rank per emulated node
             np.random.default_rng([self._seed, 2]),
         )
+        # The same processes on the same stream, drawn ahead: what changes within an interval.
+        self.ahead = FaultTimeline(
+            self.scenario, self.gpu_types, np.arange(self.num_workers), np.random.default_rng([self._seed, 2])
+        )
+        self._ahead_i = 0
         self._logged = 0
         self.advance(start_s)
         self._logged = len(self.state.log)
@@ -142,9 +157,34 @@ class FaultEmulator:
         delay = np.maximum((ring + congestion) * jitter, 0.0) if r > 1 else np.zeros(iterations)
         new = st.log[self._logged :]
         self._logged = len(st.log)
+        slowdown = np.maximum(slow, 1.0)
         return IntervalFaults(
-            slowdown=np.maximum(slow, 1.0),
+            slowdown=slowdown,
             alive=alive,
             net_delay_s=delay,
             events=tuple(str(e) for e in new),
+            slowdown_changes=self._changes(wall_s, local_batches, alive, slowdown),
         )
+
+    def _changes(
+        self, wall_s: float, local_batches: np.ndarray, alive: np.ndarray, current: np.ndarray
+    ) -> tuple[tuple[float, np.ndarray], ...]:
+        """The compute multipliers' changes after ``wall_s`` within :data:`LOOKAHEAD_S` real seconds
+        (the drawn-ahead timeline's events past the fault clock, the alive set held)."""
+        now, tl = self.env.now, self.ahead
+        while tl.time(self._ahead_i) <= now:
+            self._ahead_i += 1
+        out, prev, i = [], current, self._ahead_i
+        horizon = now + LOOKAHEAD_S * self.time_scale
+        while (t := tl.time(i)) <= horizon:
+            slow = np.asarray(tl.state(i)[0], dtype=np.float64).copy()
+            if alive.any():
+                slow = slow / slow[alive].min()
+            if self.gpu is not None:
+                slow *= self.gpu.slowdown(local_batches)
+            slow = np.maximum(slow, 1.0)
+            if not np.array_equal(slow, prev):
+                out.append((t / self.time_scale - wall_s, slow))
+                prev = slow
+            i += 1
+        return tuple(out)

@@ -201,6 +201,7 @@ class Trainer:
         probe: bool,
         good: list[int],
         validate: bool = True,
+        slowdown_at: list[tuple[float, float]] = (),
     ) -> dict:
         t_setup = time.perf_counter()
         b_all = np.asarray(batches, dtype=np.int64)
@@ -240,9 +241,12 @@ class Trainer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.meter.mark()
+        changes = [(float(t), float(f)) for t, f in slowdown_at]  # (time.monotonic(), factor), in order
         for k in range(k_iters):
             if lrs[k] != lrs[k - 1]:  # during a ramp (k = 0 was set above)
                 self._set_lr(lrs[k])
+            while changes and time.monotonic() >= changes[0][0]:  # a compute fault began or ended
+                slowdown = changes.pop(0)[1]
             stats.begin(slowdown)
             t0 = stats.t_start
             idx = self.schedule.next_global(big_b)

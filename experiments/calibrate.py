@@ -19,6 +19,9 @@ behind the shipped models, and write a profile directory (:mod:`sim.profile`) wi
 leave-one-batch-out MdAPE per worker type, and with traces accuracy RMSE and epochs-to-target
 Kendall tau). The directory appears whole or not at all.
 
+``refit_convergence=true`` refits the convergence model of the real profile in ``out_dir`` from the
+curves it measured (``curves.csv``), after a change of the model or its fit, measuring nothing.
+
 ``report_only=true`` re-renders ``calibration.md`` of the profile in ``out_dir`` from its saved
 files (``profile.json``, ``calibration.json``), measuring and fitting nothing.
 
@@ -82,6 +85,8 @@ def calibrate(cfg: DictConfig) -> float:
     out = out_dir_of(cfg)
     if cfg.get("report_only"):
         return rerender(out)
+    if cfg.get("refit_convergence"):
+        return refit_convergence(out, cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -112,6 +117,31 @@ def rerender(out: Path) -> float:
     atomic_write_text(out / "calibration.md", report_markdown(profile, record, record["notes"]))
     log.info("calibration report of %s re-rendered in %s", profile.name, shown(out))
     return float(record["holdout"].get("mdape_all") or math.nan)
+
+
+def refit_convergence(out: Path, cfg: DictConfig) -> float:
+    """``refit_convergence=true``: the convergence model of the real profile in ``out`` refitted from
+    its measured curves (:func:`experiments.calibration.real.refit_convergence_dir`), on a copy
+    that replaces the directory only when the refit and its report are written."""
+    from experiments.calibration.real import refit_convergence_dir
+
+    if not (out / "profile.json").is_file():
+        raise FileNotFoundError(
+            f"refit_convergence=true: no profile in {out} (set out_dir= to a profile directory)"
+        )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        shutil.copytree(out, tmp, dirs_exist_ok=True)
+        report = refit_convergence_dir(cfg, tmp)
+        rerender(tmp)
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for note in report["notes"]:
+        log.info("%s", note)
+    log.info("convergence model of %s refitted from its curves", shown(out))
+    return float(report["rmse_raw"])
 
 
 def replace_dir(src: Path, dst: Path) -> None:

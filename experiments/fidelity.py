@@ -18,6 +18,10 @@ Three checks, all against the real DDP backend the profile was measured on:
    PPO's advantage over the best static batch in both.
 3. Plots: predicted vs measured iteration times, sim vs real accuracy curves, time to accuracy.
 
+``reanalyse=true`` rebuilds the report from ``out_dir``'s measurements; with ``resimulate=true`` too,
+the real episodes are kept and the simulated ones run again in the campaign's profile as it is now
+(after a change of the simulator, or a refit of the profile's models).
+
 Writes ``report.md`` (the commands that regenerate it at its top), ``summary.json``, ``runs.csv``,
 ``timelines.csv`` and the PNGs into ``out_dir``. Returns Kendall's tau.
 """
@@ -131,20 +135,7 @@ def measure(setup: Setup) -> dict[str, Any]:
         reals.close()
     loads.append(os.getloadavg()[0])
     load_end = [round(x, 2) for x in os.getloadavg()]
-    sims = [(s_, sp) for s_ in cfg.sim_seeds for sp in specs]
-    for seed, sp in tqdm(sims, desc="simulated episodes", disable=not cfg.progress):
-        ctrl = spec_controller(sp)
-        env = sim_env(
-            profile,
-            scenario,
-            sp["initial_batch"],
-            ctrl.action_mode,
-            interval,
-            str(cfg.reward),
-            budget,
-            env_options(ctrl),
-        )
-        runs.append(run_one(env, sp, int(seed), "sim", scenario.name, ctrl))
+    runs += simulate(setup)
     timelines = pd.concat([r.pop("timeline") for r in runs], ignore_index=True)
     return {
         "runs": pd.DataFrame(runs),
@@ -157,6 +148,43 @@ def measure(setup: Setup) -> dict[str, Any]:
             "quiet": quiet,
             "measured_utc": fs.now_utc(),
         },
+    }
+
+
+def simulate(setup: Setup) -> list[dict[str, Any]]:
+    """The simulated episodes: every controller on every simulated seed, in ``setup.profile``."""
+    cfg, profile, scenario, interval = setup.cfg, setup.profile, setup.scenario, setup.interval
+    runs = []
+    sims = [(s_, sp) for s_ in cfg.sim_seeds for sp in setup.specs]
+    for seed, sp in tqdm(sims, desc="simulated episodes", disable=not cfg.progress):
+        ctrl = spec_controller(sp)
+        env = sim_env(
+            profile,
+            scenario,
+            sp["initial_batch"],
+            ctrl.action_mode,
+            interval,
+            str(cfg.reward),
+            float(cfg.time_budget_s),
+            env_options(ctrl),
+        )
+        runs.append(run_one(env, sp, int(seed), "sim", scenario.name, ctrl))
+    return runs
+
+
+def resimulated(setup: Setup, m: dict[str, Any]) -> dict[str, Any]:
+    """``resimulate=true`` (with ``reanalyse=true``): the measured real episodes kept, the simulated
+    ones run again in the campaign's profile as it is now (after a change of the simulator or a
+    refit of the profile's models), so that a campaign's ranking is re-read without measuring."""
+    runs = simulate(setup)
+    sim_tl = pd.concat([r.pop("timeline") for r in runs], ignore_index=True)
+    real_runs = m["runs"][m["runs"].backend != "sim"]
+    real_tl = m["timelines"][m["timelines"].backend != "sim"]
+    conditions = dict(m["conditions"]) | {"resimulated_utc": fs.now_utc()}
+    return m | {
+        "runs": pd.concat([real_runs, pd.DataFrame(runs)], ignore_index=True),
+        "timelines": pd.concat([real_tl, sim_tl], ignore_index=True),
+        "conditions": conditions,
     }
 
 
@@ -262,6 +290,9 @@ def fidelity(cfg: DictConfig) -> float:
     if cfg.get("reanalyse"):
         profile, specs, record = reloaded(out, cfg, profile, specs)
         m = load_measurements(out)
+        if cfg.get("resimulate"):
+            m = resimulated(Setup(cfg, profile, real_config, scenario, specs, interval), m)
+            save_measurements(out, m)
     else:  # the profile measured right before the runs, bundles fine-tuned in it (deployment.py)
         profile, specs, record = calibrate_and_finetune(
             cfg, profile, real_config, scenario, specs, interval, out

@@ -119,6 +119,7 @@ class BatchedSimulator:
         self.alive = f((c, w), dtype=bool)
         self.bandwidth, self.loss = np.ones(c), f(c)
         self.pending, self.t, self.progress, self.memory = f(c), f(c), f(c), np.full(c, np.nan)
+        self.noise_progress = f(c)  # the gradient statistics' counter (sim.convergence: q)
         self.samples = f(c, dtype=np.int64)
         self.last_batches = f((c, w), dtype=np.int64)
         self.has_last = f(c, dtype=bool)
@@ -147,7 +148,7 @@ class BatchedSimulator:
         self.timelines[i] = tl
         self.noise.start(i, noise_rng)
         self._apply_state(i, tl.initial)
-        self.pending[i] = self.t[i] = self.progress[i] = 0.0
+        self.pending[i] = self.t[i] = self.progress[i] = self.noise_progress[i] = 0.0
         self.memory[i] = np.nan
         self.samples[i] = 0
         self.has_last[i] = False
@@ -336,9 +337,10 @@ class BatchedSimulator:
             todo, ci, b, alive, m, seg_time = todo[ran], ci[ran], b[ran], alive[ran], m[ran], seg_time[ran]
         gb = np.where(alive, b, 0.0).sum(axis=1)
         acc.global_batch[todo] = gb
-        dp = self.conv.advance(ci, gb, self.progress[ci], m.astype(np.float64))
+        dp, dq = self.conv.advance(ci, gb, self.progress[ci], self.noise_progress[ci], m.astype(np.float64))
         self.memory[ci] = self.conv.update_batch_memory(ci, self.memory[ci], gb, dp)
         self.progress[ci] += dp
+        self.noise_progress[ci] += dq
         acc.samples[todo] += gb.astype(np.int64) * m
         t[todo] += seg_time
         j[todo] += m
@@ -400,7 +402,8 @@ class BatchedSimulator:
         val_loss = log_c * np.maximum((1.0 - val_acc) / (1.0 - chance), 0.0)
 
         # Gradient statistics: |g_i|^2 = c_i G with c_i = |G|^2 + tr(Sigma) / b_i (sim.engine).
-        g2, v = conv.grad_stats(idx, progress)
+        q = self.noise_progress[idx]
+        g2, v = conv.grad_stats(idx, q)
         m0 = conv.base_batch[idx]
         scale = g2[:, None] + (v * m0)[:, None] / b
         mean_g, mean_root = d.grad_mean, d.grad_root_mean
@@ -408,7 +411,7 @@ class BatchedSimulator:
         gb = np.maximum(acc.global_batch, 1)
         global_sqr = (g2 + v * m0 / gb) * d.grad_global
 
-        noise_scale = conv.noise_scale(idx, progress)
+        noise_scale = conv.noise_scale(idx, q)
         span = np.stack([self.log_cursor[idx], self.log_end[idx]], axis=1)
         self.log_cursor[idx] = self.log_end[idx]
         truth = {

@@ -121,6 +121,7 @@ class ConvergenceTables:
                      "none_exponent", "unstable_exponent", "train_gap", "log2_ref", "grid_hi",
                      "shape_hi"):  # fmt: skip
             setattr(self, name, f(c))
+        self.progress_noise_factor = np.ones(c)
         self.stable_gain = np.full(c, np.inf)  # inf: no learning-rate limit
         self.rule = f(c, dtype=np.int64)
         self.log_sqr = self.log_var = self.noise = self.shape = None
@@ -147,6 +148,7 @@ class ConvergenceTables:
                      "batch_memory_progress", "none_exponent", "train_gap"):  # fmt: skip
             getattr(self, name)[i] = getattr(p, name)
         self.unstable_exponent[i] = p.lr_unstable_exponent
+        self.progress_noise_factor[i] = p.progress_noise_factor
         self.stable_gain[i] = np.inf if p.lr_stable_gain is None else p.lr_stable_gain
         self.log2_ref[i] = model._log2_ref
         self.rule[i] = RULE_CODES[model.lr_rule]
@@ -171,17 +173,25 @@ class ConvergenceTables:
         )
 
     def progress_per_step(
-        self, idx: np.ndarray, global_batch: np.ndarray, progress: np.ndarray
+        self, idx: np.ndarray, global_batch: np.ndarray, progress: np.ndarray, reported: bool = False
     ) -> np.ndarray:
-        """:func:`sim.scaling.progress_gain` of each cluster's rule (``sim.convergence``)."""
-        bn = self.noise_scale(idx, progress)
+        """:func:`sim.scaling.progress_gain` of each cluster's rule (``sim.convergence``), the
+        statistics read at ``progress`` (the noise counter q); ``reported=True``: at the reported
+        noise (the counter's own advance)."""
+        bn = self.noise_scale(idx, progress)  # the reported noise: AdaScale's learning rate
         base = self.base_batch[idx]
         scale = global_batch / base
-        r_ada = global_batch / base * ((bn + base) / (bn + global_batch))
+        g_ada = global_batch / base * ((bn + base) / (bn + global_batch))
+        k = self.progress_noise_factor[idx]
+        if reported or np.all(k == 1.0):
+            r_ada = g_ada
+        else:  # progress at the model's progress noise k B_noise (sim.convergence)
+            bp = k * bn
+            r_ada = global_batch / base * ((bp + base) / (bp + global_batch))
         rule = self.rule[idx]
         root = np.sqrt(scale)
         r = np.where(rule == RULE_CODES["sqrt"], np.minimum(root, r_ada), r_ada)
-        g = np.where(rule == RULE_CODES["adascale"], r_ada, np.where(rule == RULE_CODES["sqrt"], root, scale))
+        g = np.where(rule == RULE_CODES["adascale"], g_ada, np.where(rule == RULE_CODES["sqrt"], root, scale))
         sg = self.stable_gain[idx]
         limited = g > sg
         if limited.any():
@@ -192,10 +202,23 @@ class ConvergenceTables:
             r = np.where(none, np.minimum(scale ** self.none_exponent[idx], r_ada), r)
         return r
 
-    def advance(self, idx: np.ndarray, global_batch: np.ndarray, progress: np.ndarray, steps: np.ndarray):
-        """:func:`sim.scaling.advance`: the midpoint rule over ``steps`` steps."""
-        r1 = self.progress_per_step(idx, global_batch, progress)
-        return steps * self.progress_per_step(idx, global_batch, progress + 0.5 * steps * r1)
+    def advance(
+        self, idx: np.ndarray, global_batch: np.ndarray, progress: np.ndarray, noise_progress: np.ndarray,
+        steps: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """:meth:`sim.convergence.ConvergenceModel.advance`: (progress, noise counter) over ``steps``
+        steps, midpoint rule; the two are the same where a model's noise is not split."""
+        k = self.progress_noise_factor[idx]
+        if np.all(k == 1.0):
+            r1 = self.progress_per_step(idx, global_batch, progress)
+            dp = steps * self.progress_per_step(idx, global_batch, progress + 0.5 * steps * r1)
+            return dp, dp
+        q1 = self.progress_per_step(idx, global_batch, noise_progress, reported=True)
+        dq = steps * self.progress_per_step(
+            idx, global_batch, noise_progress + 0.5 * steps * q1, reported=True
+        )
+        split = steps * self.progress_per_step(idx, global_batch, noise_progress + 0.5 * dq)
+        return np.where(k == 1.0, dq, split), dq
 
     def update_batch_memory(self, idx, memory, global_batch, d_progress):
         w = 1.0 - np.exp(-d_progress / self.batch_memory_progress[idx])

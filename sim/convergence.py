@@ -13,6 +13,16 @@ optimiser step at global batch ``M`` advances progress by ``r(M, p)`` base-batch
     E(M, p), r_ada(M, p), r(M, p)                # efficiency, AdaScale gain and progress per step
                                                  # at B_noise(p): see sim.scaling (LR_RULES)
 
+A model may set the noise that decides a batch's benefit to progress apart from the one the
+statistics give (``progress_noise_factor`` k, fitted to the measured steps to target; 1 by default).
+The simulator then keeps two counters: the gradient statistics' ``q``, advanced by the rule's gain
+at B_noise(q) (the progress real AdaScale counts; its estimator's noise scale is a function of it),
+and the accuracy's progress ``p``, advanced by the rule's gain at k B_noise(q). The reported
+gradient statistics, the noise scale a controller reads and AdaScale's learning rate
+(``lr_multiplier``) follow q. Real AdaScale on a task whose estimator sees little noise (the
+byte-level LM: B_noise ~ 1 sample) barely raises its learning rate, and its estimate rises with
+the steps taken at every batch, yet a larger batch still takes fewer steps to the target.
+
 The statistics are held constant outside the fitted knots. r_ada lies in [1, M / M0] for M >= M0:
 a batch of M is worth at most M / M0 base steps, and at least one. Without learning-rate scaling
 (``none``) a larger batch only lowers the gradient noise of a base-LR step, so its gain is at most
@@ -47,7 +57,15 @@ import numpy as np
 from scipy.interpolate import PchipInterpolator
 
 from sim.datafiles import data_path, load_param_table
-from sim.scaling import LR_RULES, adascale_gain, lr_gain, lr_stability, progress_gain, statistical_efficiency
+from sim.scaling import (
+    LR_RULES,
+    adascale_gain,
+    advance,
+    lr_gain,
+    lr_stability,
+    progress_gain,
+    statistical_efficiency,
+)
 from sim.validation import check_choice, check_positive, check_range
 
 CONVERGENCE_MODELS_FILE = "convergence_models.json"
@@ -83,6 +101,9 @@ class ConvergenceParams:
     # that at their defaults (the model unchanged) the cached plans' keys stay (see model_extras).
     lr_stable_gain: float | None = field(default=None, repr=False)  # g_s of sim.scaling.lr_stability
     lr_unstable_exponent: float = field(default=1.0, repr=False)  # q of sim.scaling.lr_stability
+    # k >= 1: the noise that sets a batch's benefit to progress is k times the one the gradient
+    # statistics (and so AdaScale's estimator and the reports) give (fitted to steps to target)
+    progress_noise_factor: float = field(default=1.0, repr=False)
     train_gap: float = 0.0  # training-batch accuracy above validation accuracy, at the end
     fit_rmse: float = float("nan")  # RMSE of accuracy over the traces, metric units
 
@@ -115,6 +136,7 @@ class ConvergenceParams:
         if self.lr_stable_gain is not None:
             check_range(f"{n}.lr_stable_gain", self.lr_stable_gain, 1.0)
         check_range(f"{n}.lr_unstable_exponent", self.lr_unstable_exponent, 0.0, 10.0)
+        check_range(f"{n}.progress_noise_factor", self.progress_noise_factor, 1.0, 1e4)
         check_range(f"{n}.train_gap", self.train_gap, 0.0, 1.0)
 
     def model_extras(self) -> dict[str, float]:
@@ -152,6 +174,9 @@ class ConvergenceModel:
         self._log_ratio = PchipInterpolator(knots, log_ratio)(self._grid)
         self._log_var = self._log_sqr + self._log_ratio
         self._noise = self.base_batch * np.exp(self._log_ratio)
+        #: the noise scale that sets progress (k B_noise; the same table when k = 1)
+        k = params.progress_noise_factor
+        self._progress_noise = self._noise if k == 1.0 else k * self._noise
         sx = np.asarray(params.shape_x, dtype=np.float64)
         self._shape_grid = np.linspace(0.0, sx[-1], _TABLE_POINTS)
         self._shape = np.clip(PchipInterpolator(sx, params.shape_y)(self._shape_grid), 0.0, 1.0)
@@ -176,12 +201,47 @@ class ConvergenceModel:
         """E(M, p) = (B_noise + M0) / (B_noise + M): in (0, 1] for M >= M0."""
         return statistical_efficiency(self.noise_scale(progress), global_batch, self.base_batch)
 
-    def progress_per_step(self, global_batch: float, progress: float) -> float:
-        """Base-batch steps advanced by one optimiser step at ``global_batch`` (rule dependent)."""
-        b = self.noise_scale(progress)
+    @property
+    def split_noise(self) -> bool:
+        """Whether the progress noise differs from the reported one (``progress_noise_factor`` != 1):
+        the gradient statistics then follow :meth:`noise_progress_per_step`'s counter."""
+        return self._progress_noise is not self._noise
+
+    def progress_per_step(
+        self, global_batch: float, progress: float, noise_progress: float | None = None
+    ) -> float:
+        """Base-batch steps advanced by one optimiser step at ``global_batch`` (rule dependent), the
+        gradient statistics read at ``noise_progress`` (None: at ``progress``; a simulator with a
+        :attr:`split_noise` model passes its noise counter)."""
+        p = self.params
+        at = progress if noise_progress is None else noise_progress
+        if self._progress_noise is self._noise:
+            b = b_lr = self.noise_scale(at)
+        else:
+            b = float(np.interp(at, self._grid, self._progress_noise))
+            b_lr = self.noise_scale(at)
+        return progress_gain(self.lr_rule, global_batch, self.base_batch, b, p.none_exponent,
+                             p.lr_stable_gain, p.lr_unstable_exponent, self.max_gain, self.lr_scale, b_lr)  # fmt: skip
+
+    def noise_progress_per_step(self, global_batch: float, noise_progress: float) -> float:
+        """The advance of the gradient statistics' counter in one step: the rule's progress at the
+        reported noise scale (the progress real AdaScale counts). The same as
+        :meth:`progress_per_step` when the model's noise is not split."""
+        b = self.noise_scale(noise_progress)
         p = self.params
         return progress_gain(self.lr_rule, global_batch, self.base_batch, b, p.none_exponent,
                              p.lr_stable_gain, p.lr_unstable_exponent, self.max_gain, self.lr_scale)  # fmt: skip
+
+    def advance(
+        self, global_batch: float, progress: float, noise_progress: float, steps: float
+    ) -> tuple[float, float]:
+        """(progress, noise counter) gained over ``steps`` steps at ``global_batch``, midpoint rule
+        (:func:`sim.scaling.advance`); without a split the two are the same."""
+        if not self.split_noise:
+            dp = advance(self.progress_per_step, global_batch, progress, steps)
+            return dp, dp
+        dn = advance(self.noise_progress_per_step, global_batch, noise_progress, steps)
+        return steps * self.progress_per_step(global_batch, progress, noise_progress + 0.5 * dn), dn
 
     def lr_multiplier(self, global_batch: float, progress: float) -> float:
         """The rule's learning rate at ``global_batch`` over the base one, capped and backed off as
@@ -193,10 +253,14 @@ class ConvergenceModel:
         """Vectorised :meth:`noise_scale` (for fitting and analysis, not the hot path)."""
         return np.interp(np.asarray(progress, dtype=np.float64), self._grid, self._noise)
 
-    def progress_per_step_many(self, global_batch: np.ndarray, progress: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`progress_per_step` over broadcast arrays."""
+    def progress_per_step_many(
+        self, global_batch: np.ndarray, progress: np.ndarray, reported: bool = False
+    ) -> np.ndarray:
+        """Vectorised :meth:`progress_per_step` over broadcast arrays, the statistics read at
+        ``progress``; ``reported=True``: :meth:`noise_progress_per_step` (the reported noise)."""
         m = np.asarray(global_batch, dtype=np.float64)
-        b = self.noise_scale_many(progress)
+        x = np.asarray(progress, dtype=np.float64)
+        b = np.interp(x, self._grid, self._noise if reported else self._progress_noise)
         scale = m / self.base_batch
         r_ada = adascale_gain(m, self.base_batch, b)
         p = self.params
@@ -204,11 +268,17 @@ class ConvergenceModel:
             return np.minimum(scale**p.none_exponent, r_ada) * self.lr_scale
         if self.lr_rule == "sqrt":
             r, g = np.minimum(np.sqrt(scale), r_ada), np.sqrt(scale)
+        elif self.lr_rule == "adascale":
+            r = r_ada
+            split = self.split_noise and not reported
+            g = adascale_gain(m, self.base_batch, self.noise_scale_many(x)) if split else r_ada
         else:
-            r, g = r_ada, (r_ada if self.lr_rule == "adascale" else scale)
+            r, g = r_ada, scale
         if self.max_gain is not None or self.lr_scale != 1.0:  # the guards (sim.scaling.progress_gain)
-            g = (g if self.max_gain is None else np.minimum(g, self.max_gain)) * self.lr_scale
-            r = np.minimum(r, g)
+            capped = (g if self.max_gain is None else np.minimum(g, self.max_gain)) * self.lr_scale
+            split = self.lr_rule == "adascale" and self.split_noise and not reported
+            r = r * np.minimum(1.0, capped / g) if split else np.minimum(r, capped)
+            g = capped
         return r * lr_stability(g, p.lr_stable_gain, p.lr_unstable_exponent)
 
     # --- accuracy --------------------------------------------------------------------------------

@@ -323,8 +323,8 @@ class ElasticJob(PoolLedger):
         sync = comm.sync_time_s(st.bandwidth_factor, sim.scenario.network.latency_jitter_s) if r > 1 else 0.0
         it = float(comm.iteration_time_s(comp.max(), sync))
         gb = int(b[held].sum())
-        p = sim.progress if progress is None else progress
-        rate = sim.convergence.progress_per_step(gb, p) * sim.progress_scale / it
+        p, q = (sim.progress, sim.noise_progress) if progress is None else (progress, None)
+        rate = sim.convergence.progress_per_step(gb, p, q) * sim.progress_scale / it
         return {"iteration_time_s": it, "progress_per_s": rate, "global_batch": gb}
 
     # --- internals -----------------------------------------------------------------------------------

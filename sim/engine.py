@@ -39,7 +39,6 @@ from sim.measurement import counters
 from sim.network import TCP_MSS_BYTES, CommModel
 from sim.profile import SHIPPED_MODELS, ClusterProfile, load_profile
 from sim.protocol import IntervalReport
-from sim.scaling import advance
 from sim.validation import check_int, check_range
 from sim.workloads import Workload, get_workload, min_local_batch
 
@@ -209,6 +208,13 @@ class Simulator:
         return self._progress
 
     @property
+    def noise_progress(self) -> float:
+        """The gradient statistics' counter (equal to :attr:`progress` unless the convergence model's
+        noise is split: ``sim.convergence``)."""
+        self._require_reset()
+        return self._noise_progress
+
+    @property
     def batch_memory_log2(self) -> float | None:
         """The accuracy model's batch memory (EMA of log2 of the global batch; None before the first
         interval)."""
@@ -244,6 +250,7 @@ class Simulator:
         )
         self._t = 0.0
         self._progress = 0.0
+        self._noise_progress = 0.0  # the gradient statistics' counter (sim.convergence: q)
         self._samples = 0
         self._batch_memory: float | None = None
         self._last_batches: np.ndarray | None = None
@@ -252,12 +259,13 @@ class Simulator:
     def close(self) -> None:
         self._env = None
 
-    def training_state(self) -> tuple[float, float | None]:
-        """The model's progress and batch memory: what the guards' rollback puts back (sim.guards)."""
-        return self._progress, self._batch_memory
+    def training_state(self) -> tuple[float, float | None, float]:
+        """The model's progress, batch memory and noise counter: what the guards' rollback puts back
+        (sim.guards)."""
+        return self._progress, self._batch_memory, self._noise_progress
 
-    def load_training_state(self, state: tuple[float, float | None]) -> None:
-        self._progress, self._batch_memory = state
+    def load_training_state(self, state: tuple[float, float | None, float]) -> None:
+        self._progress, self._batch_memory, self._noise_progress = state
 
     # --- elastic worker sets (sim.elastic) ----------------------------------------------------------
     def set_workers(self, held, restart_delay_s: float) -> bool:
@@ -414,7 +422,9 @@ class Simulator:
         self._advance_events(t)
         if self.instability is not None:  # a collapse at a rise of the learning rate
             gb0 = int(b[st.alive].sum()) or int(b.sum())
-            self._progress *= self.instability.interval(gb0, conv, self._progress, self.lr_ramped)
+            kept = self.instability.interval(gb0, conv, self._noise_progress, self.lr_ramped)
+            self._progress *= kept
+            self._noise_progress *= kept
 
         acc = _Sums(n)
         j = 0
@@ -463,13 +473,15 @@ class Simulator:
                 gb = int(b[alive].sum())
                 acc.global_batch = gb
                 # Progress over the segment, midpoint rule in progress.
-                dp = advance(conv.progress_per_step, gb, self._progress, m)
+                dp, dq = conv.advance(gb, self._progress, self._noise_progress, m)
                 if self.progress_scale != 1.0:
                     dp *= self.progress_scale
+                    dq *= self.progress_scale
                 if self.instability is not None and self.instability.stuck:
-                    dp = 0.0  # collapsed, and the rate that collapsed it still stands
+                    dp = dq = 0.0  # collapsed, and the rate that collapsed it still stands
                 self._batch_memory = conv.update_batch_memory(self._batch_memory, gb, dp)
                 self._progress += dp
+                self._noise_progress += dq
                 acc.samples += gb * m
                 t += seg_time
                 j += m
@@ -510,7 +522,8 @@ class Simulator:
         batch_loss = np.where(took_part, loss_from_accuracy(batch_acc, wl.num_classes), 0.0)
 
         # Gradient statistics: E|g_b|^2 = |G|^2 + tr(Sigma) / b, with tr(Sigma) = M0 * grad_var.
-        g2, v = conv.grad_stats(progress)
+        q = self._noise_progress
+        g2, v = conv.grad_stats(q)
         m0 = conv.base_batch
         sq = (g2 + v * m0 / b) * noise.grad[:k_iters]
         norms = np.sqrt(sq)
@@ -521,8 +534,8 @@ class Simulator:
         self._log_cursor = len(st.log)
         truth = {
             "progress": progress,
-            "noise_scale": conv.noise_scale(progress),
-            "efficiency": conv.efficiency(gb, progress),
+            "noise_scale": conv.noise_scale(q),
+            "efficiency": conv.efficiency(gb, q),
             "grad_sqr": g2,
             "grad_var": v,
             "val_accuracy": acc_val,

@@ -85,9 +85,16 @@ def progress_gain(
     unstable_exponent: float = 1.0,
     max_gain: float | None = None,
     lr_scale: float = 1.0,
+    lr_noise_scale: float | None = None,
 ):
     """Base-batch steps advanced by one optimiser step under ``rule`` (scalars), times
     :func:`lr_stability` of the rule's learning-rate multiplier.
+
+    ``noise_scale`` is the noise that sets a batch's benefit to progress; ``lr_noise_scale`` (None:
+    the same) is the one AdaScale's estimator reports and sets its learning rate by. When they
+    differ (a convergence model's ``progress_noise_factor``), ``adascale`` advances ``r_ada`` at the
+    progress noise with the learning rate of ``r_ada`` at the reported one, and a guard's cap on that
+    rate scales the progress by the fraction of the rate it keeps.
 
     ``max_gain`` and ``lr_scale`` are the guards' cap on that multiplier and their back-off factor
     (``sim.guards``): the multiplier becomes ``min(g, max_gain) * lr_scale`` and a step advances at
@@ -99,11 +106,15 @@ def progress_gain(
         return min(scale**none_exponent, r_ada) * lr_scale
     if rule == "sqrt":
         r, g = min(math.sqrt(scale), r_ada), math.sqrt(scale)
+    elif rule == "adascale":
+        r = r_ada
+        g = r_ada if lr_noise_scale is None else adascale_gain(global_batch, base_batch, lr_noise_scale)
     else:
-        r, g = r_ada, (r_ada if rule == "adascale" else scale)
+        r, g = r_ada, scale
     if max_gain is not None or lr_scale != 1.0:
-        g = (g if max_gain is None else min(g, max_gain)) * lr_scale
-        r = min(r, g)
+        capped = (g if max_gain is None else min(g, max_gain)) * lr_scale
+        r = min(r, capped) if r == g or rule != "adascale" else r * min(1.0, capped / g)
+        g = capped
     if stable_gain is None:
         return r
     return r * lr_stability(g, stable_gain, unstable_exponent)

@@ -320,3 +320,48 @@ def _fill_grad(c: Curve) -> Curve:
     for arr in (g2, gv):
         arr[~ok] = np.interp(np.flatnonzero(~ok), idx, arr[idx])
     return replace(c, grad_sqr=g2, grad_var=gv)
+
+
+def refit_convergence_dir(cfg: DictConfig, out: Path) -> dict[str, Any]:
+    """``refit_convergence=true``: refit the convergence model of the real profile in ``out`` from
+    the static-batch curves it measured (``curves.csv``), after a change of the model or its fit,
+    measuring nothing. Rewrites ``convergence_models.json`` and the convergence section of
+    ``profile.json`` (the provenance records the refit); the rest of the profile stays as measured.
+    Returns the convergence report."""
+    import json
+    from types import SimpleNamespace
+
+    from sim.datafiles import dump_json
+    from sim.profile import CONVERGENCE_FILE, PROFILE_FILE, load_profile
+
+    profile = load_profile(out)
+    curves_csv = out / "curves.csv"
+    if not curves_csv.is_file():
+        raise FileNotFoundError(
+            f"refit_convergence=true needs the measured curves {curves_csv} (a real-mode profile)"
+        )
+    doc = json.loads((out / PROFILE_FILE).read_text())
+    real = dict((doc.get("provenance") or {}).get("real_config") or {})
+    table = pd.read_csv(curves_csv)
+    runs = [
+        SimpleNamespace(global_batch=int(gb), seed=int(seed), rows=g.sort_values("steps").to_dict("records"))
+        for (gb, seed), g in table.groupby(["global_batch", "seed"])
+    ]
+    notes: list[str] = []
+    _, params, report = fit_curves(cfg, runs, profile.workload, real, notes)
+    if report is None:
+        raise ValueError(f"{curves_csv}: {notes[-1]}")
+    atomic_write_text(
+        out / CONVERGENCE_FILE,
+        dump_json({"generated_by": "python -m experiments.calibrate refit_convergence=true",
+                   "models": [asdict(p) for p in params]}),
+    )  # fmt: skip
+    doc["calibration"]["convergence"] = report
+    doc["provenance"].setdefault("refits", []).append({
+        "command": COMMAND + overrides_text(),
+        "what": "convergence model refitted from curves.csv",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
+    atomic_write_text(out / PROFILE_FILE, dump_json(doc))
+    load_profile(out)  # the rewritten profile loads (checked)
+    return report

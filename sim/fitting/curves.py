@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from sim.convergence import ConvergenceModel, ConvergenceParams
-from sim.scaling import advance
 from sim.validation import check_int, check_range
 
 # --------------------------------------------------------------------------------------------
@@ -125,9 +124,11 @@ def simulated_progress(model: ConvergenceModel, curve: Curve) -> np.ndarray:
     """The progress the simulator would count for ``curve``'s steps at its global batch: each
     measured interval of ``n`` steps advances ``n * r(M, p + n r(M, p) / 2)`` (the engine's midpoint rule)."""
     m = float(curve.global_batch)
-    p, out = 0.0, []
+    p = q = 0.0
+    out = []
     for n in np.diff(np.concatenate([[0.0], curve.steps])):
-        p += advance(model.progress_per_step, m, p, n)
+        dp, dq = model.advance(m, p, q, n)
+        p, q = p + dp, q + dq
         out.append(p)
     return np.array(out)
 
@@ -147,25 +148,40 @@ def _measured_steps(curves: Sequence[Curve], target: float) -> dict[int, float]:
     return out
 
 
+#: Bounds of the fitted progress noise factor.
+_NOISE_FACTOR_RANGE = (1.0, 1000.0)
+#: Passes of the fit with a time-to-target refit: each re-expresses the curves' progress with the
+#: progress noise factor the previous pass fitted (the gradient statistics and the accuracy shape
+#: are functions of progress in the simulator's units), then refits.
+_NOISE_FACTOR_PASSES = 3
+
+
 def _refit_time_to_target(
     params: ConvergenceParams, curves: Sequence[Curve], targets: Sequence[float]
-) -> tuple[ConvergenceParams, str]:
-    """Refit the batch dependence of the time to the targets: the shape's progress scale and the
-    stretch exponent, by least squares on log steps-to-target (model vs the measured medians), as
+) -> tuple[ConvergenceParams, str, float]:
+    """Refit the batch dependence of the time to the targets: the shape's progress scale, the
+    stretch exponent and the progress noise factor (``ConvergenceParams.progress_noise_factor``: how
+    much more a larger batch speeds progress than the reported noise scale says), by least squares
+    on log steps-to-target (model vs the measured medians), as
     :func:`sim.fitting.tradeoff.fit_tradeoff` fits minutes to peak. The shape, ceiling and
-    gradient statistics stay those of the curve fit."""
+    gradient statistics (and so the noise a controller reads) stay those of the curve fit."""
     from sim.fitting.lsq import multi_start_lsq
     from sim.fitting.tradeoff import progress_to_accuracy, steps_to_progress
 
     pairs = [(m, a, n) for a in targets for m, n in _measured_steps(curves, a).items()]
     if len({m for m, _, _ in pairs}) < 2:
-        return params, "time-to-target refit skipped: fewer than two batches reach the targets in every seed"
+        return (
+            params,
+            "time-to-target refit skipped: fewer than two batches reach the targets in every seed",
+            math.nan,
+        )
 
     def make(z: np.ndarray) -> ConvergenceParams:
         return replace(
             params,
             shape_x=tuple(float(np.exp(z[0])) * x for x in params.shape_x),
             stretch_exponent=float(z[1]),
+            progress_noise_factor=float(np.exp(z[2])),
         )
 
     def residuals(z: np.ndarray) -> np.ndarray:
@@ -176,21 +192,27 @@ def _refit_time_to_target(
             out.append(math.log(steps_to_progress(model, m, p) / n) if math.isfinite(p) else 5.0)
         return np.array(out)
 
-    z0 = np.array([0.0, params.stretch_exponent])
+    z0 = np.array([0.0, params.stretch_exponent, math.log(params.progress_noise_factor)])
     before = float(np.sqrt(np.mean(residuals(z0) ** 2)))
     best = multi_start_lsq(
         residuals,
-        ([0.0, s0] for s0 in (0.0, params.stretch_exponent, 0.5)),
-        bounds=([math.log(0.2), 0.0], [math.log(5.0), 2.0]),
-    )
+        ([0.0, s0, lk] for s0 in (0.0, params.stretch_exponent, 0.5) for lk in (0.0, math.log(30.0))),
+        bounds=([math.log(0.2), 0.0, math.log(_NOISE_FACTOR_RANGE[0])],
+                [math.log(5.0), 2.0, math.log(_NOISE_FACTOR_RANGE[1])]),
+    )  # fmt: skip
     after = float(np.sqrt(np.mean(best.fun**2)))
     if after >= before:
-        return params, f"time-to-target refit kept the curve fit (RMS log error {before:.3f})"
+        return params, f"time-to-target refit kept the curve fit (RMS log error {before:.3f})", before
     out = make(best.x)
-    return out, (
-        f"time-to-target refit at {list(targets)}: shape progress x{math.exp(best.x[0]):.3f}, stretch exponent "
-        f"{params.stretch_exponent:.3f} -> {out.stretch_exponent:.3f}; RMS log error of steps to target "
-        f"{before:.3f} -> {after:.3f} over {len(pairs)} (batch, target) points"
+    return (
+        out,
+        (
+            f"time-to-target refit at {list(targets)}: shape progress x{math.exp(best.x[0]):.3f}, stretch exponent "
+            f"{params.stretch_exponent:.3f} -> {out.stretch_exponent:.3f}, progress noise factor "
+            f"{params.progress_noise_factor:.3g} -> {out.progress_noise_factor:.3g}; RMS log error of steps to target "
+            f"{before:.3f} -> {after:.3f} over {len(pairs)} (batch, target) points"
+        ),
+        after,
     )
 
 
@@ -252,35 +274,64 @@ def fit_convergence_curves(
         curves = [replace(c, progress=simulated_progress(stepper, c)) for c in curves]
         grid, merged = _merge_curves(curves, bins)
         grad = fit_grad_stats(merged, base_batch)
-    acc = fit_accuracy(merged, acc_chance, ref_batch=float(batches[0]))
-    total = float(grid[-1])
-    train_gaps = [
-        float(np.mean(c.train_accuracy[-3:] - c.val_accuracy[-3:]))
-        for c in curves
-        if c.train_accuracy is not None
-    ]
-    train_gap = float(np.clip(np.mean(train_gaps), 0.0, 1.0)) if train_gaps else 0.0
-    params = ConvergenceParams(
-        name=name,
-        base_batch=int(base_batch),
-        total_progress=total,
-        progress_knots=grad.progress_knots,
-        log_grad_sqr=grad.log_grad_sqr,
-        log_grad_var=grad.log_grad_var,
-        acc_chance=acc_chance,
-        acc_ceiling=acc.acc_ceiling,
-        ref_batch=float(batches[0]),
-        gap_per_doubling=acc.gap_per_doubling,
-        stretch_exponent=acc.stretch_exponent,
-        shape_x=acc.shape_x,
-        shape_y=acc.shape_y,
-        batch_memory_progress=memory_fraction * total,
-        train_gap=train_gap,
-    )
-    notes = []
-    if refit_targets:
-        params, note = _refit_time_to_target(params, curves, refit_targets)
-        notes.append(note)
+    # The gradient statistics are functions of that counter (q in sim.convergence); the accuracy is
+    # a function of the progress p, which differs from q once a progress noise factor k is fitted:
+    # each further pass re-expresses the curves in p at the factor the previous pass fitted.
+    in_q, k, notes, best = curves, 1.0, [], None
+    curves_k = 1.0  # the factor the curves' progress is expressed at
+    for outer in range(_NOISE_FACTOR_PASSES if refit_targets else 1):
+        if k != 1.0:
+            stepper = ConvergenceModel(
+                replace(
+                    _grad_only(grad, name, base_batch, acc_chance, float(grid[-1])), progress_noise_factor=k
+                ),
+                "adascale",
+            )
+            curves = [replace(c, progress=simulated_progress(stepper, c)) for c in in_q]
+            grid, merged = _merge_curves(curves, bins)
+            curves_k = k
+        acc = fit_accuracy(merged, acc_chance, ref_batch=float(batches[0]))
+        total = float(grid[-1])
+        train_gaps = [
+            float(np.mean(c.train_accuracy[-3:] - c.val_accuracy[-3:]))
+            for c in curves
+            if c.train_accuracy is not None
+        ]
+        train_gap = float(np.clip(np.mean(train_gaps), 0.0, 1.0)) if train_gaps else 0.0
+        params = ConvergenceParams(
+            name=name,
+            base_batch=int(base_batch),
+            total_progress=total,
+            progress_knots=grad.progress_knots,
+            log_grad_sqr=grad.log_grad_sqr,
+            log_grad_var=grad.log_grad_var,
+            acc_chance=acc_chance,
+            acc_ceiling=acc.acc_ceiling,
+            ref_batch=float(batches[0]),
+            gap_per_doubling=acc.gap_per_doubling,
+            stretch_exponent=acc.stretch_exponent,
+            shape_x=acc.shape_x,
+            shape_y=acc.shape_y,
+            batch_memory_progress=memory_fraction * total,
+            train_gap=train_gap,
+            progress_noise_factor=k,
+        )
+        if not refit_targets:
+            break
+        params, note, rms = _refit_time_to_target(params, curves, refit_targets)
+        notes.append(f"pass {outer + 1}: {note}")
+        if best is None or rms < best[0]:
+            best = (rms, params, outer + 1)
+        if params.progress_noise_factor == k or resimulate_progress == 0:
+            break
+        k = params.progress_noise_factor
+    if best is not None and len(notes) > 1:
+        params = best[1]
+        notes.append(f"kept pass {best[2]} (the lowest RMS log error of steps to target)")
+        if params.progress_noise_factor != curves_k:  # the curves in the progress units of the kept pass
+            stepper = ConvergenceModel(replace(params, lr_stable_gain=None), "adascale")
+            curves = [replace(c, progress=simulated_progress(stepper, c)) for c in in_q]
+            grid, merged = _merge_curves(curves, bins)
     model = ConvergenceModel(params, "adascale")
     rmse = accuracy_rmse(model, merged)
     params = replace(params, fit_rmse=rmse["all"])

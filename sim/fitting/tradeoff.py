@@ -65,7 +65,19 @@ def static_iteration_time_s(workload: Workload, cluster: ClusterSpec, local_batc
 
 
 def steps_to_progress(model: ConvergenceModel, global_batch: float, progress: float) -> float:
-    """Optimiser steps a static run at ``global_batch`` needs to reach ``progress``."""
+    """Optimiser steps a static run at ``global_batch`` needs to reach ``progress``.
+
+    With a split noise (:attr:`ConvergenceModel.split_noise`) the run's two counters are integrated
+    over the statistics' counter q (q <= p as the factor is >= 1): steps n(q) = int dq / r_q and
+    progress p(q) = int r_p / r_q dq, read where p(q) reaches ``progress``."""
+    if model.split_noise:
+        q = np.linspace(0.0, progress, 4001)
+        inv_q = 1.0 / model.progress_per_step_many(global_batch, q, reported=True)
+        ratio = model.progress_per_step_many(global_batch, q) * inv_q
+        dq = np.diff(q)
+        n = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (inv_q[1:] + inv_q[:-1]))])
+        p = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (ratio[1:] + ratio[:-1]))])
+        return float(np.interp(progress, p, n))
     grid = np.linspace(0.0, progress, 4001)
     inv = 1.0 / model.progress_per_step_many(global_batch, grid)
     return float(np.sum(np.diff(grid) * 0.5 * (inv[1:] + inv[:-1])))

@@ -101,6 +101,14 @@ def test_fault_emulator_turns_scenarios_into_slowdowns():
     f = fe.interval(11.0, np.array([32, 32]), 5, comm_s=0.0)  # throttled worker 0: 2x slower
     assert f.slowdown.tolist() == [1.0, 2.0]
     assert any("throttle start on worker 0" in e for e in f.events)
+    # Within an interval: the changes ahead, drawn from the same seeds, in seconds after its start.
+    fe.reset(seed=0)
+    ahead = fe.interval(4.0, np.array([32, 32]), 5, comm_s=0.0).slowdown_changes
+    assert [(t, s.tolist()) for t, s in ahead] == [(6.0, [1.0, 2.0]), (11.0, [1.0, 4.0])]
+    during = fe.interval(12.0, np.array([32, 32]), 5, comm_s=0.0)
+    assert during.slowdown.tolist() == [1.0, 2.0]
+    assert [(t, s.tolist()) for t, s in during.slowdown_changes] == [(3.0, [1.0, 4.0])]
+    assert fe.interval(20.0, np.array([32, 32]), 5, comm_s=0.0).slowdown_changes == ()
     # Emulated GPU types: each rank is as much slower than the fastest as the fitted compute
     # models say at its local batch.
     fe = FaultEmulator(None, 2, ("T4", "V100"), emulate=("T4", "V100"))

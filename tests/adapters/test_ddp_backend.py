@@ -27,7 +27,7 @@ from adapters.models import build_model
 from adapters.sampling import GlobalBatchSchedule, rank_slice
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.obs import OBS_SCHEMA
-from sim.faults import Scenario
+from sim.faults import FaultWindow, Scenario
 from sim.scaling import lr_gain
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -203,6 +203,27 @@ def test_injected_slowdown_is_visible_in_reports_and_observations(backend):
     share, idle = WORKER_FEATURES.index("compute_share"), WORKER_FEATURES.index("idle_fraction")
     assert w[0, share] < w[1, share]  # the fast worker's compute is a small share of the slowest's
     assert w[0, idle] > w[1, idle]  # and it idles at the barrier
+
+
+def test_a_throttle_that_starts_inside_an_interval_slows_the_iterations_after_it(backend):
+    """As in the simulator, a compute fault takes effect at its time, not at the next interval."""
+    scenario = Scenario(
+        name="late_throttle",
+        windows=(FaultWindow("throttle", start_s=0.15, duration_s=100.0, worker=1, factor=0.25),),
+    )
+    saved = backend.faults
+    backend.faults = FaultEmulator(scenario, 2, backend.spec.gpu_types)
+    try:
+        backend.reset(seed=0)
+        r = backend.run_interval(np.array([64, 64]), 60)
+    finally:
+        backend.faults = saved
+    start = r.wall_time_s - r.interval_time_s
+    assert start < 0.15 < r.wall_time_s, (start, r.wall_time_s)  # the interval ran across its start
+    injected = [float(x) for x in backend.last_replies[1]["injected_s"]]
+    assert injected[0] == 0.0  # before the throttle: native speed
+    assert injected[-1] > 0.0  # after it: rank 1 sleeps 3x its compute
+    assert not any(backend.last_replies[0]["injected_s"])  # rank 0 is never slowed
 
 
 def test_killed_worker_raises_a_clear_error_and_leaves_no_orphans(backend):

@@ -276,3 +276,27 @@ def test_bad_input_names_the_field():
     fresh = BatchedSimulator([Simulator()])
     with pytest.raises(RuntimeError, match="reset"):
         fresh.run_interval(np.full((1, 8), 64), K)
+
+
+def test_a_split_noise_world_matches(tmp_path):
+    """A convergence model whose progress noise is split from the reported one (two counters)."""
+    import json
+    import shutil
+
+    prof = tmp_path / "split"
+    shutil.copytree("results/fidelity/profile", prof)
+    doc = json.loads((prof / "convergence_models.json").read_text())
+    for m in doc["models"]:
+        m["progress_noise_factor"] = 8.0
+    (prof / "convergence_models.json").write_text(json.dumps(doc))
+    ref = Simulator(profile=str(prof), scenario="mixed")
+    batch = BatchedSimulator([Simulator(profile=str(prof), scenario="mixed")], noise="stream")
+    assert ref.convergence.split_noise
+    ref.reset(seed=2)
+    batch.reset(0, np.random.default_rng(2))
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        b = rng.integers(ref.min_batch, ref.max_batch + 1)
+        assert not mismatches(ref.run_interval(b, 20), batch.report(batch.run_interval(b[None], 20), 0))
+    assert ref.progress > ref.noise_progress  # the two counters did part
+    assert float(batch.progress[0]) == pytest.approx(ref.progress, rel=1e-9)

@@ -21,6 +21,7 @@ from sim.convergence import (
     convergence_table,
 )
 from sim.datafiles import data_path
+from sim.engine import Simulator
 from sim.fitting.convergence import TRACES_FILE, fit_app, load_traces
 from sim.fitting.tradeoff import TRADEOFF_FILE
 from sim.hardware import ComputeModel, compute_params
@@ -406,3 +407,65 @@ def test_progress_to_accuracy_at_or_past_the_target():
     done = model.progress_to_accuracy(0.0, np.array([128.0]), 100.0, 7.0)
     assert done.tolist() == [100.0]
     assert math.isinf(model.progress_to_accuracy(0.999, np.array([128.0]), 0.0, 7.0)[0])
+
+
+# --- a split noise: the progress noise apart from the reported one ------------------------------------
+
+
+def _split(k: float) -> tuple[ConvergenceModel, ConvergenceModel]:
+    base = convergence_params("cifar10")
+    return ConvergenceModel(base, "adascale"), ConvergenceModel(
+        replace(base, progress_noise_factor=k), "adascale"
+    )
+
+
+def test_a_split_noise_speeds_progress_but_not_what_is_reported_or_the_learning_rate():
+    plain, split = _split(20.0)
+    assert not plain.split_noise and split.split_noise
+    for p in (0.0, 500.0, 5000.0):
+        for m in (64.0, 512.0, 4096.0):  # M0 = 128
+            assert split.noise_scale(p) == plain.noise_scale(p)
+            assert split.grad_stats(p) == plain.grad_stats(p)
+            assert split.lr_multiplier(m, p) == plain.lr_multiplier(m, p)
+            assert split.noise_progress_per_step(m, p) == plain.progress_per_step(m, p)
+            r, r0 = split.progress_per_step(m, p), plain.progress_per_step(m, p)
+            # more noise: a batch above the base one is worth more, one below it less
+            assert r > r0 if m > split.base_batch else r < r0
+            assert r <= max(m / split.base_batch, 1.0)  # never more than the batch's worth of base steps
+    # the statistics' counter q advances as the unsplit model's progress; p ahead of it
+    dp, dq = split.advance(512.0, 100.0, 80.0, 25.0)
+    assert dq == advance(plain.progress_per_step, 512.0, 80.0, 25.0)
+    assert dp > dq
+    # without a split the two counters are one, exactly as before
+    dp, dq = plain.advance(512.0, 100.0, 100.0, 25.0)
+    assert dp == dq == advance(plain.progress_per_step, 512.0, 100.0, 25.0)
+    with pytest.raises(ValueError, match="progress_noise_factor"):
+        replace(convergence_params("cifar10"), progress_noise_factor=0.5)
+
+
+def test_a_guard_cap_scales_split_progress_by_the_share_of_the_rate_it_keeps():
+    _, split = _split(20.0)
+    m, p = 2048.0, 3000.0
+    free = split.progress_per_step(m, p)
+    g = split.lr_multiplier(m, p)
+    split.max_gain = g / 2
+    assert split.progress_per_step(m, p) == pytest.approx(free / 2)
+    assert split.progress_per_step_many(np.array([m]), np.array([p]))[0] == pytest.approx(free / 2)
+
+
+def test_the_simulator_reports_the_statistics_of_its_noise_counter():
+    base = convergence_params("cifar10")
+    sims = []
+    for k in (1.0, 20.0):
+        sim = Simulator(default_cluster(4), "cifar10", "static_hetero")
+        sim.convergence = ConvergenceModel(replace(base, progress_noise_factor=k), "adascale")
+        sim.reset(seed=3)
+        for _ in range(10):
+            r = sim.run_interval(np.full(4, 128), 25)
+        sims.append((sim, r))
+    (plain, r1), (split, r2) = sims
+    assert plain.noise_progress == plain.progress  # one counter without a split
+    assert split.progress > plain.progress  # faster progress at the same batches...
+    assert split.noise_progress == pytest.approx(plain.noise_progress)  # ...the statistics' as before
+    assert r2.truth["noise_scale"] == pytest.approx(r1.truth["noise_scale"])
+    assert r2.truth["val_accuracy"] > r1.truth["val_accuracy"]

@@ -175,6 +175,38 @@ def test_convergence_model_is_recovered_from_curves_it_generated():
         )
 
 
+def test_a_split_progress_noise_is_recovered_from_curves_it_generated():
+    """A task whose reported noise scale is small (AdaScale barely raises its rate) but whose larger
+    batches still need fewer steps: the fit finds the progress noise factor, and the steps to target."""
+    base = convergence_params("cifar10")
+    low = replace(base, name="toy_split", log_grad_var=tuple(v - math.log(100.0) for v in base.log_grad_var))
+    true = replace(low, progress_noise_factor=100.0)
+    model = ConvergenceModel(true, "adascale")
+    curves = []
+    for m in (128, 512, 2048):
+        p = q = 0.0
+        steps, prog, qs = [], [], []
+        while p < 12_000:
+            dp, dq = model.advance(m, p, q, 25.0)
+            p, q = p + dp, q + dq
+            steps.append(25.0 * (len(steps) + 1))
+            prog.append(q)  # what a real backend sums: AdaScale's gain at its estimated noise scale
+            qs.append(p)
+        g2 = np.array([model.grad_stats(x)[0] for x in prog])
+        gv = np.array([model.grad_stats(x)[1] for x in prog])
+        acc = model.accuracy_many(np.array(qs), math.log2(m))
+        curves.append(Curve(m, np.array(steps), np.array(prog), acc, g2, gv))
+    kwargs = {"name": "toy_split", "base_batch": true.base_batch, "acc_chance": 0.1, "targets": [0.85]}
+    fit = fit_convergence_curves(curves, **kwargs, refit_targets=[0.8, 0.85])
+    assert fit.params.progress_noise_factor > 10.0, fit.notes
+    fitted = ConvergenceModel(fit.params, "adascale")
+    errors = []
+    for m in (128, 512, 2048):
+        want = steps_to_progress(model, m, progress_to_accuracy(model, m, 0.85))
+        errors.append(steps_to_progress(fitted, m, progress_to_accuracy(fitted, m, 0.85)) / want - 1.0)
+    assert max(abs(e) for e in errors) < 0.1, (errors, fit.notes)
+
+
 # --- the profile plugs into the simulator, backend and env -----------------------------------------
 
 

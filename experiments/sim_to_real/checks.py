@@ -4,6 +4,7 @@ error, the held-out ladder batches, and real runs whose training collapsed."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from dynamix_gym.measurement.compare import IterationPredictor, speeds_at
+from dynamix_gym.measurement.compare import SPEED_WINDOWS, IterationPredictor, speeds_at
 from dynamix_gym.measurement.profiling import profile_ladder
 from sim.faults import Scenario
 from sim.fitting.step_time import holdout_errors
@@ -97,16 +98,37 @@ def speed_ladder(
 def interval_errors(
     timelines: pd.DataFrame, profile: ClusterProfile, scenario: Scenario, n: int
 ) -> pd.DataFrame:
-    """Every real interval's mean iteration time vs the simulator's at its batches and speeds."""
+    """Every real interval's mean iteration time vs the simulator's at its batches and speeds.
+
+    A speed window that opens or closes inside an interval (the real ranks take it at its time, as
+    the simulator does) splits the interval into segments of constant speeds: the predicted mean
+    iteration time is their total time over the iterations they hold (sum d_j / sum d_j / T_j)."""
     pred = IterationPredictor(profile)
+    edges = sorted(
+        {
+            t
+            for w in scenario.windows
+            if w.kind in SPEED_WINDOWS
+            for t in (w.start_s, w.start_s + w.duration_s)
+        }
+    )
     rows = []
     for r in timelines.itertuples(index=False):
         d = r._asdict()
         b = np.array([d[f"w{i}_batch"] for i in range(n)], dtype=np.float64)
         measured = float(np.mean([d[f"w{i}_iteration_time_s"] for i in range(n)]))
-        start = max(float(d["wall_time_s"]) - float(d["interval_time_s"]), 0.0)
+        end = float(d["wall_time_s"])
+        start = max(end - float(d["interval_time_s"]), 0.0)
         speeds = speeds_at(scenario, n, start)
-        p = pred.iteration_time_s(b, speeds)
+        cuts = [start, *(t for t in edges if start < t < end), end]
+        if len(cuts) == 2:
+            p = pred.iteration_time_s(b, speeds)
+        else:
+            segs = [
+                (hi - lo, pred.iteration_time_s(b, speeds_at(scenario, n, lo)))
+                for lo, hi in itertools.pairwise(cuts)
+            ]
+            p = sum(dt for dt, _ in segs) / sum(dt / t for dt, t in segs)
         rows.append(
             {
                 "controller": d["controller"],

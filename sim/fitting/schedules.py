@@ -35,7 +35,6 @@ import numpy as np
 
 from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.fitting.lsq import multi_start_lsq
-from sim.scaling import advance
 
 #: The fitted parameters, in the order of the solver's vector, with their bounds.
 FIT_PARAMETERS: tuple[str, ...] = (
@@ -75,14 +74,16 @@ class ScheduleRun:
 
 
 def replay(model: ConvergenceModel, run: ScheduleRun) -> np.ndarray:
-    """The model's validation accuracy (noise-free) at the end of each of ``run``'s intervals."""
-    progress, memory, out = 0.0, None, []
+    """The model's validation accuracy (noise-free) at the end of each of ``run``'s intervals (both
+    counters of a :attr:`~sim.convergence.ConvergenceModel.split_noise` model advanced as the engine does)."""
+    progress, noise_progress, memory, out = 0.0, 0.0, None, []
     for gb in run.global_batch.astype(float):
         if memory is None:
             memory = model.initial_batch_memory(gb)
-        dp = advance(model.progress_per_step, gb, progress, run.iterations)
+        dp, dq = model.advance(gb, progress, noise_progress, run.iterations)
         memory = model.update_batch_memory(memory, gb, dp)
         progress += dp
+        noise_progress += dq
         out.append(model.accuracy(progress, memory))
     return np.asarray(out)
 

@@ -18,7 +18,6 @@ from sim.fitting.convergence import MAX_NONE_EXPONENT
 from sim.fitting.lsq import multi_start_lsq
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
-from sim.scaling import advance
 from sim.workloads import Workload
 
 TRADEOFF_FILE = "reference/tradeoff_resnet34_cifar100.csv"
@@ -231,12 +230,13 @@ def simulate_schedule(
     advanced ``dt_steps`` steps at a time (midpoint rule, as the engine does). If ``trajectory`` is
     given, (minutes, accuracy) pairs are appended to it.
     """
-    progress, minutes = 0.0, 0.0
+    progress, noise_progress, minutes = 0.0, 0.0, 0.0
     mem = model.initial_batch_memory(phases[0][0])
     for m, t_iter, p_end in phases:
         while progress < p_end and minutes < max_minutes:
-            dp = advance(model.progress_per_step, m, progress, dt_steps)
+            dp, dq = model.advance(m, progress, noise_progress, dt_steps)
             progress += dp
+            noise_progress += dq
             mem = model.update_batch_memory(mem, m, dp)
             minutes += dt_steps * t_iter / 60.0
             acc = model.accuracy(progress, mem)

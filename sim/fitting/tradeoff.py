@@ -63,20 +63,34 @@ def static_iteration_time_s(workload: Workload, cluster: ClusterSpec, local_batc
     return float(comm.iteration_time_s(compute, comm.sync_time_s()))
 
 
+#: Widenings of the noise counter's grid in :func:`steps_to_progress` before a progress counts as
+#: out of reach (each one scales the grid by the shortfall; one or two suffice in practice).
+_MAX_WIDENINGS = 8
+
+
 def steps_to_progress(model: ConvergenceModel, global_batch: float, progress: float) -> float:
     """Optimiser steps a static run at ``global_batch`` needs to reach ``progress``.
 
     With a split noise (:attr:`ConvergenceModel.split_noise`) the run's two counters are integrated
-    over the statistics' counter q (q <= p as the factor is >= 1): steps n(q) = int dq / r_q and
-    progress p(q) = int r_p / r_q dq, read where p(q) reaches ``progress``."""
+    over the statistics' counter q: steps n(q) = int dq / r_q and progress p(q) = int r_p / r_q dq,
+    read where p(q) reaches ``progress``. Above the base batch the larger progress noise raises the
+    gain (p >= q); below it, it lowers it (p < q: the counter runs ahead of the progress), so the
+    grid over q is widened until p(q) reaches ``progress``."""
     if model.split_noise:
-        q = np.linspace(0.0, progress, 4001)
-        inv_q = 1.0 / model.progress_per_step_many(global_batch, q, reported=True)
-        ratio = model.progress_per_step_many(global_batch, q) * inv_q
-        dq = np.diff(q)
-        n = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (inv_q[1:] + inv_q[:-1]))])
-        p = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (ratio[1:] + ratio[:-1]))])
-        return float(np.interp(progress, p, n))
+        if progress <= 0.0:
+            return 0.0
+        q_end = progress
+        for _ in range(_MAX_WIDENINGS):
+            q = np.linspace(0.0, q_end, 4001)
+            inv_q = 1.0 / model.progress_per_step_many(global_batch, q, reported=True)
+            ratio = model.progress_per_step_many(global_batch, q) * inv_q
+            dq = np.diff(q)
+            p = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (ratio[1:] + ratio[:-1]))])
+            if p[-1] >= progress:
+                n = np.concatenate([[0.0], np.cumsum(dq * 0.5 * (inv_q[1:] + inv_q[:-1]))])
+                return float(np.interp(progress, p, n))
+            q_end *= 1.05 * progress / max(p[-1], 1e-12 * progress)
+        return math.inf
     grid = np.linspace(0.0, progress, 4001)
     inv = 1.0 / model.progress_per_step_many(global_batch, grid)
     return float(np.sum(np.diff(grid) * 0.5 * (inv[1:] + inv[:-1])))

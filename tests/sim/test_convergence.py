@@ -23,7 +23,7 @@ from sim.convergence import (
 from sim.datafiles import data_path
 from sim.engine import Simulator
 from sim.fitting.convergence import TRACES_FILE, fit_app, load_traces
-from sim.fitting.tradeoff import TRADEOFF_FILE
+from sim.fitting.tradeoff import TRADEOFF_FILE, steps_to_progress
 from sim.hardware import ComputeModel, compute_params
 from sim.network import CommModel, comm_params
 from sim.scaling import LR_RULES, advance
@@ -469,3 +469,17 @@ def test_the_simulator_reports_the_statistics_of_its_noise_counter():
     assert split.noise_progress == pytest.approx(plain.noise_progress)  # ...the statistics' as before
     assert r2.truth["noise_scale"] == pytest.approx(r1.truth["noise_scale"])
     assert r2.truth["val_accuracy"] > r1.truth["val_accuracy"]
+
+
+@pytest.mark.parametrize("m", [32.0, 128.0, 1024.0])  # below, at and above the base batch (128)
+def test_steps_to_progress_of_a_split_model_is_what_the_engine_takes(m):
+    # below the base batch the progress runs behind the statistics' counter, above it ahead of it
+    _, split = _split(20.0)
+    target = 3000.0
+    p = q = 0.0
+    steps = 0
+    while p < target:
+        dp, dq = split.advance(m, p, q, 1.0)
+        p, q, steps = p + dp, q + dq, steps + 1
+    # the engine's step that crosses the target, against the integral's real-valued count
+    assert steps_to_progress(split, m, target) == pytest.approx(steps, abs=1.5)

@@ -12,7 +12,9 @@ from support import ROOT
 from dynamix_gym import OBS_SCHEMA
 from experiments.obs_gap import run
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# make test-slow: real ranks and simulated episodes end to end (13 s on two cores; make test ran
+# 299-309 s against its 300 s budget); the committed report is results/fidelity/observation_gap.md
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_obs_gap_compares_every_feature_of_real_and_simulated_episodes(tmp_path):

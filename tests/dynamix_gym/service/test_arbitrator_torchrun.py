@@ -71,7 +71,8 @@ def test_deploy_app_on_the_real_backend_asks_the_service(running, tmp_path):
     assert any(r["kind"] == "end" and r["job"] == "deploy-job" for r in records)  # closed with its report
 
 
-@pytest.mark.integration  # real DDP ranks spawned by the deploy app (about 7 s: refused at registration)
+@pytest.mark.integration  # real DDP ranks spawned by the deploy app (7-22 s: refused at registration)
+@pytest.mark.slow  # make test-slow; make test keeps the refusal itself: test_arbitrator_refusals.py
 def test_deploy_with_a_wrong_token_fails_naming_the_cause_and_the_service_logs_it(running, tmp_path, caplog):
     wrong = "wrong-token-0123456789abcdef"
     with caplog.at_level("WARNING", logger="dynamix_gym.service.transport"):

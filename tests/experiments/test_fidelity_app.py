@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pandas as pd
 import pytest
 from support import run_app
 
@@ -81,8 +82,6 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     assert json.loads((dep / "summary.json").read_text())["deployment"] == d
 
     # a campaign re-read after a change of the simulator: the real episodes kept, the simulated ones run again
-    import pandas as pd
-
     before = pd.read_csv(dep / "runs.csv")
     proc = _run("experiments.fidelity", *deploy_args, "reanalyse=true", "resimulate=true")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -95,15 +94,14 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     assert "resimulated_utc" in json.loads((dep / "measured.json").read_text())["conditions"]
 
     # the profile's convergence model refitted from the curves it measured, measuring nothing
-    models = (prof / "convergence_models.json").read_text()
+    models = prof / "convergence_models.json"
+    name_before = json.loads(models.read_text())["models"][0]["name"]
     proc = _run("experiments.calibrate", f"out_dir={prof}", "refit_convergence=true")
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((prof / "profile.json").read_text())
     assert doc["provenance"]["refits"][-1]["what"].startswith("convergence model refitted")
-    assert "progress_noise_factor" in (prof / "convergence_models.json").read_text()
-    assert (
-        json.loads(models)["models"][0]["name"]
-        == json.loads((prof / "convergence_models.json").read_text())["models"][0]["name"]
-    )
+    refitted = models.read_text()
+    assert "progress_noise_factor" in refitted
+    assert json.loads(refitted)["models"][0]["name"] == name_before
     proc = _run("experiments.calibrate", f"out_dir={tmp_path / 'nowhere'}", "refit_convergence=true")
     assert proc.returncode != 0 and "no profile in" in proc.stderr

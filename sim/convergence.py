@@ -50,7 +50,7 @@ in progress units of the reference batch. A static run has m = log2(M).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +144,24 @@ class ConvergenceParams:
         model, so whatever is keyed by the repr must add them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if not f.repr and getattr(self, f.name) != f.default}  # fmt: skip
+
+
+def with_gradient_noise(
+    params: ConvergenceParams, noise_factor: float, progress_noise_factor: float | None = None
+) -> ConvergenceParams:
+    """``params`` whose gradient noise scale B_noise is ``noise_factor`` times its own at every
+    progress (the variance knots shifted by ln(noise_factor), the squared norm kept), and whose
+    progress noise factor k is ``progress_noise_factor`` (kept when None): a generated workload
+    whose batch dependence differs from the fitted one's (a noise of a few samples, as the real CPU
+    tasks' AdaScale estimators report, where the shipped workloads' lie at 10^2-10^7)."""
+    check_range("noise_factor", noise_factor, 1e-8, 1e8)
+    k = params.progress_noise_factor if progress_noise_factor is None else progress_noise_factor
+    shift = math.log(noise_factor)
+    return replace(
+        params,
+        log_grad_var=tuple(v + shift for v in params.log_grad_var),
+        progress_noise_factor=float(k),
+    )
 
 
 def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:

@@ -12,6 +12,7 @@ import numpy as np
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
+from sim.convergence import with_gradient_noise
 from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
 from sim.instability import InstabilityParams
@@ -61,6 +62,14 @@ class DomainRandomization:
     fidelity app's real task finds g_s = 2.0, q = 0.86 (``results/fidelity/schedules_fit.md``),
     where AdaScale's gain after a large batch increase destabilises real training.
 
+    Generated gradient noise (off by default): with probability ``noise_probability`` an episode's
+    workload has its gradient noise scale multiplied by a factor drawn log-uniformly from
+    ``noise_scale_factor`` and a progress noise factor k (the noise that sets a batch's benefit to
+    progress is k times the reported one, :mod:`sim.convergence`) drawn log-uniformly from
+    ``progress_noise_factor``. The shipped workloads' noise scales lie at 10^2-10^7 samples, so a
+    larger batch always pays; the real CPU tasks' estimators report 0.5-45 samples (k 3.9-17 fitted),
+    where the best batch is the smallest, a regime the shipped worlds never show.
+
     Compound fault worlds (off by default): with probability ``compound_probability`` an episode
     runs ``k ~ U{compound_families}`` distinct families of ``scenarios`` at once (the first the
     episode's drawn family, the others drawn without replacement, each scaled by its own intensity
@@ -107,6 +116,13 @@ class DomainRandomization:
     instability_slope: tuple[float, float] = (2.0, 8.0)
     instability_ramp_effect: tuple[float, float] = (-3.0, 0.0)
     instability_depth: tuple[float, float] = (0.5, 1.0)
+    #: Generated gradient noise (off at 0; sim.convergence.with_gradient_noise): with this probability
+    #: an episode's workload has its gradient noise scale times ~ logU(noise_scale_factor) and its
+    #: progress noise factor k ~ logU(progress_noise_factor) (the real CPU tasks: a reported noise of
+    #: 0.5-45 samples, k 3.9-17; the shipped workloads' noise 10^2-10^7, k 1).
+    noise_probability: float = 0.0
+    noise_scale_factor: tuple[float, float] = (1e-4, 1.0)
+    progress_noise_factor: tuple[float, float] = (1.0, 32.0)
     #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
     #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
     #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
@@ -134,6 +150,7 @@ class DomainRandomization:
         check_range("domain.lr_limit_probability", self.lr_limit_probability, 0.0, 1.0)
         check_range("domain.compound_probability", self.compound_probability, 0.0, 1.0)
         check_range("domain.instability_probability", self.instability_probability, 0.0, 1.0)
+        check_range("domain.noise_probability", self.noise_probability, 0.0, 1.0)
         _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
@@ -149,6 +166,8 @@ class DomainRandomization:
             ("instability_slope", 0.0, 100.0, False),
             ("instability_ramp_effect", -100.0, 0.0, False),
             ("instability_depth", 0.0, 1.0, True),
+            ("noise_scale_factor", 1e-8, 1e8, False),
+            ("progress_noise_factor", 1.0, 1e4, False),
         ):
             _check_pair(
                 name,
@@ -257,6 +276,15 @@ class DomainRandomization:
                 out["instability"] = InstabilityParams(
                     "generated", -slope * np.log2(half), slope, ramp, depth
                 )
+        if self.noise_probability > 0.0:  # after every other draw, and only when on
+            noisy = rng.random() < self.noise_probability
+            factor = float(np.exp(rng.uniform(*np.log(self.noise_scale_factor))))
+            k = float(np.exp(rng.uniform(*np.log(self.progress_noise_factor))))
+            if noisy:
+                fitted = out.get("convergence_params") or SHIPPED_MODELS.convergence_params(
+                    get_workload(workload).convergence
+                )
+                out["convergence_params"] = with_gradient_noise(fitted, factor, k)
         return out
 
     def _compound(self, rng: np.random.Generator, family: str, scenario):

@@ -19,6 +19,7 @@ from sim.convergence import (
     ConvergenceModel,
     convergence_params,
     convergence_table,
+    with_gradient_noise,
 )
 from sim.datafiles import data_path
 from sim.engine import Simulator
@@ -483,3 +484,50 @@ def test_steps_to_progress_of_a_split_model_is_what_the_engine_takes(m):
         p, q, steps = p + dp, q + dq, steps + 1
     # the engine's step that crosses the target, against the integral's real-valued count
     assert steps_to_progress(split, m, target) == pytest.approx(steps, abs=1.5)
+
+
+def test_a_generated_gradient_noise_scales_the_reported_noise_and_flattens_the_batch_benefit():
+    base = convergence_params("cifar10")
+    quiet = with_gradient_noise(base, 1e-3, 8.0)
+    plain, low = ConvergenceModel(base, "adascale"), ConvergenceModel(quiet, "adascale")
+    assert quiet.progress_noise_factor == 8.0 and low.split_noise
+    assert with_gradient_noise(base, 0.5).progress_noise_factor == base.progress_noise_factor  # k kept
+    for p in (0.0, 500.0, 5000.0):
+        assert low.noise_scale(p) == pytest.approx(1e-3 * plain.noise_scale(p))
+        assert low.grad_stats(p)[0] == pytest.approx(plain.grad_stats(p)[0])  # |G|^2 kept
+    # at a noise of a few samples, 8x the base batch buys little more progress per step than the
+    # base batch itself (the real CPU tasks' regime); at the fitted noise it buys almost 8 base steps
+    p = 2000.0
+    assert low.progress_per_step(1024.0, p) < 1.5 * low.progress_per_step(128.0, p)
+    assert plain.progress_per_step(1024.0, p) > 4.0 * plain.progress_per_step(128.0, p)
+    with pytest.raises(ValueError, match="noise_factor"):
+        with_gradient_noise(base, 0.0)
+
+
+def test_training_worlds_draw_a_gradient_noise_without_moving_other_draws():
+    from dynamix_gym.backends.sim_backend import SimBackend
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    off = DomainRandomization(workers=4).sample(np.random.default_rng(5))
+    on = DomainRandomization(workers=4, noise_probability=1.0).sample(np.random.default_rng(5))
+    assert "convergence_params" not in off
+    assert {k: v for k, v in on.items() if k != "convergence_params"} == off  # drawn after the others
+    params = on["convergence_params"]
+    ratio = ConvergenceModel(params).noise_scale(0.0) / ConvergenceModel(
+        convergence_params("cifar10")
+    ).noise_scale(0.0)
+    assert 1e-4 <= ratio <= 1.0 and 1.0 <= params.progress_noise_factor <= 32.0
+    backend = SimBackend(**on)  # a world's config builds its backend with the generated model
+    assert backend.sim.convergence.params == params
+    # with learning-rate limits on as well, the noise is applied to the limited model
+    both = DomainRandomization(workers=4, noise_probability=1.0, lr_limit_probability=1.0).sample(
+        np.random.default_rng(5)
+    )
+    assert both["convergence_params"].lr_stable_gain is not None
+    for bad, field_name in (
+        ({"noise_probability": 1.5}, "noise_probability"),
+        ({"progress_noise_factor": (0.5, 2.0)}, r"progress_noise_factor\[0\]"),
+        ({"noise_scale_factor": (1.0, 0.1)}, r"noise_scale_factor"),
+    ):
+        with pytest.raises(ValueError, match=rf"domain\.{field_name}"):
+            DomainRandomization(workers=4, **bad)

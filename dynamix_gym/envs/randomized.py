@@ -70,6 +70,10 @@ class DomainRandomization:
     larger batch always pays; the real CPU tasks' estimators report 0.5-45 samples (k 3.9-17 fitted),
     where the best batch is the smallest, a regime the shipped worlds never show.
 
+    Generated compute floors (off by default): with probability ``floor_probability`` every GPU type
+    of the episode's cluster has its launch and host floors times a factor drawn log-uniformly from
+    ``floor_scale``, so that a step costs in proportion to its batch, as on the real CPU ranks.
+
     Compound fault worlds (off by default): with probability ``compound_probability`` an episode
     runs ``k ~ U{compound_families}`` distinct families of ``scenarios`` at once (the first the
     episode's drawn family, the others drawn without replacement, each scaled by its own intensity
@@ -123,6 +127,12 @@ class DomainRandomization:
     noise_probability: float = 0.0
     noise_scale_factor: tuple[float, float] = (1e-4, 1.0)
     progress_noise_factor: tuple[float, float] = (1.0, 32.0)
+    #: Generated compute floors (off at 0): with this probability every GPU type of an episode's
+    #: cluster has its launch floor ``alpha_s`` and host floor ``host_s`` times ~ logU(floor_scale)
+    #: (a host that computes in proportion to the batch, as the real CPU ranks do: a floor of 3 ms
+    #: beside 2.6 ms per sample on the LM, where the shipped GPU fits' floors are 5-250 ms).
+    floor_probability: float = 0.0
+    floor_scale: tuple[float, float] = (0.01, 1.0)
     #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
     #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
     #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
@@ -151,6 +161,7 @@ class DomainRandomization:
         check_range("domain.compound_probability", self.compound_probability, 0.0, 1.0)
         check_range("domain.instability_probability", self.instability_probability, 0.0, 1.0)
         check_range("domain.noise_probability", self.noise_probability, 0.0, 1.0)
+        check_range("domain.floor_probability", self.floor_probability, 0.0, 1.0)
         _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
@@ -168,6 +179,7 @@ class DomainRandomization:
             ("instability_depth", 0.0, 1.0, True),
             ("noise_scale_factor", 1e-8, 1e8, False),
             ("progress_noise_factor", 1.0, 1e4, False),
+            ("floor_scale", 0.0, 1e4, True),
         ):
             _check_pair(
                 name,
@@ -285,6 +297,17 @@ class DomainRandomization:
                     get_workload(workload).convergence
                 )
                 out["convergence_params"] = with_gradient_noise(fitted, factor, k)
+        if self.floor_probability > 0.0:  # after every other draw, and only when on
+            floored = rng.random() < self.floor_probability
+            scale = float(np.exp(rng.uniform(*np.log(self.floor_scale))))
+            if floored:
+                params = out.get("compute_params") or {
+                    g: compute_params(g, get_workload(workload).app) for g in sorted(set(cluster.gpu_types))
+                }
+                out["compute_params"] = {
+                    g: replace(c, alpha_s=c.alpha_s * scale, host_s=c.host_s * scale)
+                    for g, c in params.items()
+                }
         return out
 
     def _compound(self, rng: np.random.Generator, family: str, scenario):

@@ -531,3 +531,31 @@ def test_training_worlds_draw_a_gradient_noise_without_moving_other_draws():
     ):
         with pytest.raises(ValueError, match=rf"domain\.{field_name}"):
             DomainRandomization(workers=4, **bad)
+
+
+def test_training_worlds_draw_compute_floors_without_moving_other_draws():
+    from dynamix_gym.backends.sim_backend import SimBackend
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    off = DomainRandomization(workers=4).sample(np.random.default_rng(3))
+    on = DomainRandomization(workers=4, floor_probability=1.0, floor_scale=(0.05, 0.05)).sample(
+        np.random.default_rng(3)
+    )
+    assert "compute_params" not in off
+    assert {k: v for k, v in on.items() if k != "compute_params"} == off  # drawn after the others
+    app = get_workload(off["workload"]).app
+    assert set(on["compute_params"]) == set(off["cluster"].gpu_types)
+    for gpu, params in on["compute_params"].items():
+        fitted = compute_params(gpu, app)
+        assert params.alpha_s == pytest.approx(0.05 * fitted.alpha_s)
+        assert params.host_s == pytest.approx(0.05 * fitted.host_s)
+        assert (params.beta_s, params.exponent) == (fitted.beta_s, fitted.exponent)  # per-sample cost kept
+    small, full = SimBackend(**on).sim, SimBackend(**off).sim
+    small.reset(seed=0)
+    full.reset(seed=0)
+    small, full = small.compute_time_s(np.full(4, 8)), full.compute_time_s(np.full(4, 8))
+    assert np.all(small < full)  # a small batch no longer pays the floors
+    with pytest.raises(ValueError, match=r"domain\.floor_scale\[0\]"):
+        DomainRandomization(workers=4, floor_scale=(0.0, 1.0))
+    with pytest.raises(ValueError, match=r"domain\.floor_probability"):
+        DomainRandomization(workers=4, floor_probability=-0.1)

@@ -123,7 +123,21 @@ class SimGroundTruth:
         return self._sim.iteration_time_s(local_batches)
 
     def progress_per_step(self, global_batch: float, progress: float) -> float:
-        return self._sim.convergence.progress_per_step(global_batch, progress)
+        """Progress one step at ``global_batch`` makes at ``progress`` on the path that holds it from
+        now. A model with a split noise (:attr:`sim.convergence.ConvergenceModel.split_noise`) reads
+        its gradient statistics at the statistics' counter q, not at the progress p: from the
+        simulator's (p, q) now, q moves by the ratio of the two counters' rates at ``global_batch``
+        (exact for a path short against the noise scale's change; the simulator itself advances both
+        counters exactly). Without a split q is p, and this is the model's rate at ``progress``."""
+        sim = self._sim
+        conv = sim.convergence
+        if not conv.split_noise:
+            return conv.progress_per_step(global_batch, progress)
+        p0, q0 = sim.progress, sim.noise_progress
+        dp = conv.progress_per_step(global_batch, p0, q0)
+        ratio = conv.noise_progress_per_step(global_batch, q0) / dp if dp > 0.0 else 1.0
+        q = max(q0 + (progress - p0) * ratio, 0.0)
+        return conv.progress_per_step(global_batch, progress, q)
 
     def progress_to_target(self, global_batches: np.ndarray, quality: float | None = None) -> np.ndarray:
         sim = self._sim

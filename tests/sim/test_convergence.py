@@ -559,3 +559,34 @@ def test_training_worlds_draw_compute_floors_without_moving_other_draws():
         DomainRandomization(workers=4, floor_scale=(0.0, 1.0))
     with pytest.raises(ValueError, match=r"domain\.floor_probability"):
         DomainRandomization(workers=4, floor_probability=-0.1)
+
+
+def test_the_ground_truth_reads_a_split_models_statistics_at_its_noise_counter():
+    """The oracles' progress rate (SimGroundTruth.progress_per_step): at the simulator's progress it
+    is the rate the engine advances at (statistics at the noise counter q, behind the progress p),
+    and without a split it is the model's rate as before."""
+    from dynamix_gym.backends.sim_backend import SimBackend
+
+    base = convergence_params("cifar10")
+    for k in (1.0, 20.0):
+        backend = SimBackend(
+            "t4v100_4", "cifar10", "static_hetero", convergence_params=replace(base, progress_noise_factor=k)
+        )
+        backend.reset(rng=np.random.default_rng(0))
+        for _ in range(20):
+            backend.run_interval(np.full(4, 512), 50)
+        sim, truth = backend.sim, backend.ground_truth
+        p, q = sim.progress, sim.noise_progress
+        for m in (256.0, 2048.0, 8192.0):
+            engine_rate = sim.convergence.progress_per_step(m, p, q if sim.convergence.split_noise else None)
+            assert truth.progress_per_step(m, p) == pytest.approx(engine_rate, rel=1e-12)
+            if k == 1.0:
+                assert q == p and truth.progress_per_step(m, 2 * p) == sim.convergence.progress_per_step(
+                    m, 2 * p
+                )
+        if k != 1.0:
+            assert p > q  # the progress ran ahead of the statistics' counter...
+            # ...so reading the statistics at p (the old approximation) misstates the engine's rate
+            assert sim.convergence.progress_per_step(8192.0, p) != pytest.approx(
+                sim.convergence.progress_per_step(8192.0, p, q), rel=1e-6
+            )

@@ -12,7 +12,7 @@ import numpy as np
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
-from sim.convergence import with_gradient_noise
+from sim.convergence import ConvergenceParams, with_gradient_noise
 from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
 from sim.instability import InstabilityParams
@@ -24,6 +24,17 @@ from sim.workloads import get_workload
 @lru_cache(maxsize=8)
 def _profile(ref: str) -> ClusterProfile:
     return load_profile(ref)
+
+
+def _fitted_convergence(workload: str) -> ConvergenceParams:
+    """The shipped convergence model of ``workload`` (the base a generated one is drawn around)."""
+    return SHIPPED_MODELS.convergence_params(get_workload(workload).convergence)
+
+
+def _fitted_compute(cluster, workload: str) -> dict[str, ComputeParams]:
+    """The fitted compute curve of each GPU type of ``cluster`` for ``workload``, by type name."""
+    app = get_workload(workload).app
+    return {g: compute_params(g, app) for g in sorted(set(cluster.gpu_types))}
 
 
 def _check_pair(name: str, pair, check_one) -> None:
@@ -270,9 +281,8 @@ class DomainRandomization:
                 float(rng.uniform(*self.lr_unstable_exponent)),
             )
             if limited:
-                fitted = SHIPPED_MODELS.convergence_params(get_workload(workload).convergence)
                 out["convergence_params"] = replace(
-                    fitted, lr_stable_gain=gain, lr_unstable_exponent=exponent
+                    _fitted_convergence(workload), lr_stable_gain=gain, lr_unstable_exponent=exponent
                 )
         if self.compound_probability > 0.0:  # drawn last, and only when on: other streams unchanged
             out["scenario"] = self._compound(rng, family, out["scenario"])
@@ -293,17 +303,13 @@ class DomainRandomization:
             factor = float(np.exp(rng.uniform(*np.log(self.noise_scale_factor))))
             k = float(np.exp(rng.uniform(*np.log(self.progress_noise_factor))))
             if noisy:
-                fitted = out.get("convergence_params") or SHIPPED_MODELS.convergence_params(
-                    get_workload(workload).convergence
-                )
+                fitted = out.get("convergence_params") or _fitted_convergence(workload)
                 out["convergence_params"] = with_gradient_noise(fitted, factor, k)
         if self.floor_probability > 0.0:  # after every other draw, and only when on
             floored = rng.random() < self.floor_probability
             scale = float(np.exp(rng.uniform(*np.log(self.floor_scale))))
             if floored:
-                params = out.get("compute_params") or {
-                    g: compute_params(g, get_workload(workload).app) for g in sorted(set(cluster.gpu_types))
-                }
+                params = out.get("compute_params") or _fitted_compute(cluster, workload)
                 out["compute_params"] = {
                     g: replace(c, alpha_s=c.alpha_s * scale, host_s=c.host_s * scale)
                     for g, c in params.items()
@@ -329,10 +335,8 @@ class DomainRandomization:
         return compose_scenarios(parts, name="+".join([scenario.name, *(p.name for p in parts[1:])]))
 
     def _generated_compute(self, rng: np.random.Generator, cluster, workload) -> dict[str, ComputeParams]:
-        app = get_workload(workload).app
         out = {}
-        for g in sorted(set(cluster.gpu_types)):
-            base = compute_params(g, app)
+        for g, base in _fitted_compute(cluster, workload).items():
             a, b, h = np.exp(self.compute_sd * rng.standard_normal(3))
             e = float(np.clip(base.exponent * rng.uniform(*self.exponent_scale), 0.25, 2.0))
             out[g] = replace(

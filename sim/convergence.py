@@ -164,6 +164,24 @@ def with_gradient_noise(
     )
 
 
+def with_horizon(params: ConvergenceParams, factor: float) -> ConvergenceParams:
+    """``params`` with every quantity counted in progress (the statistics' and the shape's knots, the
+    total progress, the batch memory's time constant) times ``factor``: the same curves of accuracy
+    and gradient statistics over the fraction of training done, reached in ``factor`` times the
+    steps. A generated workload whose run to the target takes a few dozen decisions, as the real
+    CPU tasks' do (the shipped workloads' take hundreds), so that a policy sees quality gains per
+    interval of the size those runs show."""
+    check_range("horizon_factor", factor, 1e-6, 1e6, low_open=True)
+    f = float(factor)
+    return replace(
+        params,
+        total_progress=params.total_progress * f,
+        progress_knots=tuple(x * f for x in params.progress_knots),
+        shape_x=tuple(x * f for x in params.shape_x),
+        batch_memory_progress=params.batch_memory_progress * f,
+    )
+
+
 def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:
     return load_param_table(ConvergenceParams, path or data_path(CONVERGENCE_MODELS_FILE), ("name",))
 

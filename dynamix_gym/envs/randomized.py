@@ -12,7 +12,7 @@ import numpy as np
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
-from sim.convergence import ConvergenceParams, with_gradient_noise
+from sim.convergence import ConvergenceParams, with_gradient_noise, with_horizon
 from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
 from sim.instability import InstabilityParams
@@ -85,6 +85,13 @@ class DomainRandomization:
     of the episode's cluster has its launch and host floors times a factor drawn log-uniformly from
     ``floor_scale``, so that a step costs in proportion to its batch, as on the real CPU ranks.
 
+    Generated horizons (off by default): with probability ``horizon_probability`` an episode's
+    workload reaches its target in a fraction of its fitted steps, drawn log-uniformly from
+    ``horizon_scale`` (:func:`sim.convergence.with_horizon`: every progress quantity scaled, the
+    curves over the fraction of training kept). The shipped workloads take hundreds of decisions to
+    their targets, so a quality gain of more than a few percent of the way per `window` intervals
+    never shows; the real CPU tasks reach theirs in 10-30 decisions, half the way in four.
+
     Compound fault worlds (off by default): with probability ``compound_probability`` an episode
     runs ``k ~ U{compound_families}`` distinct families of ``scenarios`` at once (the first the
     episode's drawn family, the others drawn without replacement, each scaled by its own intensity
@@ -144,6 +151,11 @@ class DomainRandomization:
     #: beside 2.6 ms per sample on the LM, where the shipped GPU fits' floors are 5-250 ms).
     floor_probability: float = 0.0
     floor_scale: tuple[float, float] = (0.01, 1.0)
+    #: Generated horizons (off at 0; sim.convergence.with_horizon): with this probability an episode's
+    #: workload reaches its target in ~ logU(horizon_scale) times its fitted steps (the real CPU
+    #: tasks: 10-30 decisions to the target, where the shipped workloads take hundreds).
+    horizon_probability: float = 0.0
+    horizon_scale: tuple[float, float] = (0.01, 1.0)
     #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
     #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
     #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
@@ -173,6 +185,7 @@ class DomainRandomization:
         check_range("domain.instability_probability", self.instability_probability, 0.0, 1.0)
         check_range("domain.noise_probability", self.noise_probability, 0.0, 1.0)
         check_range("domain.floor_probability", self.floor_probability, 0.0, 1.0)
+        check_range("domain.horizon_probability", self.horizon_probability, 0.0, 1.0)
         _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
@@ -191,6 +204,7 @@ class DomainRandomization:
             ("noise_scale_factor", 1e-8, 1e8, False),
             ("progress_noise_factor", 1.0, 1e4, False),
             ("floor_scale", 0.0, 1e4, True),
+            ("horizon_scale", 1e-6, 1e6, True),
         ):
             _check_pair(
                 name,
@@ -314,6 +328,12 @@ class DomainRandomization:
                     g: replace(c, alpha_s=c.alpha_s * scale, host_s=c.host_s * scale)
                     for g, c in params.items()
                 }
+        if self.horizon_probability > 0.0:  # after every other draw, and only when on
+            short = rng.random() < self.horizon_probability
+            factor = float(np.exp(rng.uniform(*np.log(self.horizon_scale))))
+            if short:
+                fitted = out.get("convergence_params") or _fitted_convergence(workload)
+                out["convergence_params"] = with_horizon(fitted, factor)
         return out
 
     def _compound(self, rng: np.random.Generator, family: str, scenario):

@@ -20,6 +20,7 @@ from sim.convergence import (
     convergence_params,
     convergence_table,
     with_gradient_noise,
+    with_horizon,
 )
 from sim.datafiles import data_path
 from sim.engine import Simulator
@@ -559,6 +560,63 @@ def test_training_worlds_draw_compute_floors_without_moving_other_draws():
         DomainRandomization(workers=4, floor_scale=(0.0, 1.0))
     with pytest.raises(ValueError, match=r"domain\.floor_probability"):
         DomainRandomization(workers=4, floor_probability=-0.1)
+
+
+def test_a_generated_horizon_reaches_the_same_curves_in_a_fraction_of_the_steps():
+    base = convergence_params("cifar10")
+    short = with_horizon(base, 0.05)
+    plain, fast = ConvergenceModel(base, "adascale"), ConvergenceModel(short, "adascale")
+    for p in (0.0, 300.0, 2000.0, 0.9 * base.total_progress):
+        for m in (128.0, 1024.0):
+            assert fast.accuracy(0.05 * p, math.log2(m)) == pytest.approx(plain.accuracy(p, math.log2(m)))
+            # the same progress per step: the statistics, read at the same fraction of training
+            assert fast.progress_per_step(m, 0.05 * p) == pytest.approx(plain.progress_per_step(m, p))
+        assert fast.noise_scale(0.05 * p) == pytest.approx(plain.noise_scale(p))
+    # so a static run reaches the target in about 1/20 of the steps (the engine, end to end)
+    target = 0.95 * base.acc_ceiling
+
+    def steps(params):
+        sim = Simulator(default_cluster(4), "cifar10", convergence_params=params)
+        sim.reset(seed=0)
+        for n in range(1, 100_000):
+            sim.run_interval(np.full(4, 128), 10)
+            if sim.convergence.accuracy(sim.progress, sim.batch_memory_log2) >= target:
+                return n
+        raise AssertionError("target not reached")
+
+    long_steps, short_steps = steps(base), steps(short)
+    assert short_steps == pytest.approx(0.05 * long_steps, rel=0.15)
+    with pytest.raises(ValueError, match="horizon_factor"):
+        with_horizon(base, 0.0)
+
+
+def test_training_worlds_draw_a_horizon_without_moving_other_draws():
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    kwargs = dict(workers=4, noise_probability=1.0, floor_probability=1.0)
+    off = DomainRandomization(**kwargs).sample(np.random.default_rng(7))
+    on = DomainRandomization(**kwargs, horizon_probability=1.0, horizon_scale=(0.1, 0.1)).sample(
+        np.random.default_rng(7)
+    )
+
+    def rest(world):
+        return {k: v for k, v in world.items() if k != "convergence_params"}
+
+    assert rest(on) == rest(off)  # drawn after the others
+    # applied to the generated noise's model, not to the fitted one
+    factor = on["convergence_params"].total_progress / off["convergence_params"].total_progress
+    assert factor == pytest.approx(0.1)
+    assert on["convergence_params"] == with_horizon(off["convergence_params"], factor)
+    plain = DomainRandomization(workers=4, horizon_probability=1.0).sample(np.random.default_rng(7))
+    factor = plain["convergence_params"].total_progress / convergence_params(plain["workload"]).total_progress
+    assert 0.01 <= factor <= 1.0
+    for bad, field_name in (
+        ({"horizon_probability": 2.0}, "horizon_probability"),
+        ({"horizon_scale": (0.0, 1.0)}, r"horizon_scale\[0\]"),
+        ({"horizon_scale": (0.5, 0.1)}, "horizon_scale"),
+    ):
+        with pytest.raises(ValueError, match=rf"domain\.{field_name}"):
+            DomainRandomization(workers=4, **bad)
 
 
 def test_the_ground_truth_reads_a_split_models_statistics_at_its_noise_counter():

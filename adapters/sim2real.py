@@ -212,7 +212,8 @@ def run_one(
         "decision_time_ms": float(s["decision_time_ms"]),
         "mean_idle_fraction": float(s["mean_idle_fraction"]),
         "batch_changes": int(s["batch_changes"]),
-        # what a guarded backend's guards did (sim.guards; absent for an unguarded one)
-        **{k: s[k] for k in GUARD_KEYS if k in s},
+        # what a guarded backend's guards did (sim.guards; absent for an unguarded one), and the
+        # inputs a bundle read far out of its training range (absent for other controllers)
+        **{k: s[k] for k in (*GUARD_KEYS, "inputs_out_of_range") if k in s},
         "timeline": timeline,
     }

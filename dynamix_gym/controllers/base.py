@@ -67,6 +67,11 @@ class BaseController:
         """Called with the episode's env and seed before its reset."""
         return None
 
+    def episode_summary(self) -> dict[str, Any]:
+        """Fields the controller adds to an episode's summary (:func:`dynamix_gym.evaluation.run_episode`
+        calls it at the end; none by default)."""
+        return {}
+
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         self.spec = spec
         self.rng = rng if rng is not None else np.random.default_rng(0)

@@ -17,6 +17,7 @@ bundle.json without ``action_mode`` is a ``delta`` bundle.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.decision import policy_forward
 from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
 from sim.protocol import BackendSpec
+from sim.validation import check_range
+
+log = logging.getLogger(__name__)
 
 BUNDLE_FORMAT = 1
 OBS_FORMS = ("per_worker", "centralised")
@@ -211,6 +215,9 @@ class PPOController(BaseController):
             :class:`~dynamix_gym.envs.hetero_cluster.HeteroClusterEnv`) rather than the one it was
             trained under (``None``, the default: the bundle's); an ablation knob.
         split_tolerance: the balanced split's tolerance (``None``: the bundle's).
+        out_of_range_sd: an input whose normalised value lies this many standard deviations or more
+            from the bundle's training mean is counted as out of range at that decision (the episode's
+            summary lists them, ``inputs_out_of_range``; at most the normaliser's clip, 10).
     """
 
     name: ClassVar[str] = "ppo"
@@ -224,7 +231,9 @@ class PPOController(BaseController):
         deterministic: bool = True,
         split: str | None = None,
         split_tolerance: float | None = None,
+        out_of_range_sd: float = 6.0,
     ):
+        self.out_of_range_sd = check_range("out_of_range_sd", out_of_range_sd, 0.0, low_open=True)
         if bundle is None:
             if path is None:
                 raise ValueError("PPOController needs a bundle path (controller.path=<bundle dir>)")
@@ -241,6 +250,10 @@ class PPOController(BaseController):
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
+        #: per input the decisions of this episode at which some worker's normalised value lay
+        #: ``out_of_range_sd`` or more from the training mean: the policy extrapolated there
+        self.inputs_out_of_range: dict[str, int] = {}
+        self.decisions_seen = 0
         meta = self.bundle.meta
         if meta.obs_form == "centralised" and meta.num_workers != spec.num_workers:
             raise BundleMismatchError(
@@ -301,7 +314,48 @@ class PPOController(BaseController):
                 self.spec.max_batch,
             )
         out = policy_forward(self.bundle, observation, n, masks, explore=not det, rng=self.rng)
+        self._count_out_of_range(out.rows)
         return out.actions, None
+
+    def _count_out_of_range(self, rows: np.ndarray) -> None:
+        """Count the inputs that lay ``out_of_range_sd`` or more standard deviations from the bundle's
+        training mean (normalised values; the normaliser's clip at most) at this decision."""
+        norm = self.bundle.obs_norm
+        if norm is None:
+            return
+        at = (np.abs(rows) >= min(self.out_of_range_sd, norm.clip) * (1.0 - 1e-6)).any(axis=0)
+        if not hasattr(self, "inputs_out_of_range"):  # predict before reset: count from here
+            self.inputs_out_of_range, self.decisions_seen = {}, 0
+        self.decisions_seen += 1
+        if not at.any():
+            return
+        if self.bundle.meta.obs_form == "per_worker":
+            names = self.schema.per_worker_names()
+        else:
+            names = self.schema.centralised_names(self.spec.num_workers)
+        for j in np.flatnonzero(at).tolist():
+            name = names[j] if j < len(names) else f"input[{j}]"  # e.g. a centralised critic's state
+            self.inputs_out_of_range[name] = self.inputs_out_of_range.get(name, 0) + 1
+
+    def episode_summary(self) -> dict[str, Any]:
+        """What :func:`dynamix_gym.evaluation.run_episode` adds to a summary: per input the decisions
+        at which it lay ``out_of_range_sd`` or more standard deviations from the bundle's training
+        mean (most often first). An input out of range at half the decisions or more is logged as a
+        warning: the policy extrapolates on this job (its training rows exceed 6 s.d. in ~1 % of
+        decisions per input)."""
+        counts = getattr(self, "inputs_out_of_range", {})
+        seen = int(getattr(self, "decisions_seen", 0))
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        mostly = [f"{k} ({v} of {seen})" for k, v in ranked if seen and 2 * v >= seen]
+        if mostly:
+            log.warning(
+                "%s read inputs %g+ standard deviations from its training mean at half its decisions or "
+                "more: %s; the policy extrapolates on this job",
+                self.bundle.path,
+                self.out_of_range_sd,
+                ", ".join(mostly),
+            )
+        return {"inputs_out_of_range": "; ".join(f"{k} ({v} of {seen})" for k, v in ranked)}
 
 
 def _fmt(values: list[float]) -> list[int | float]:

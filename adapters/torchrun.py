@@ -255,6 +255,14 @@ class DynamixController:
         return None if self.decider is None else self.decider.policy
 
     @property
+    def inputs_out_of_range(self) -> str:
+        """Rank 0: the policy bundle's inputs read far out of its training range so far, most often
+        first (:meth:`dynamix_gym.controllers.bundle.PPOController.out_of_range_text`; empty for
+        another policy, and on the other ranks)."""
+        text = getattr(self.policy, "out_of_range_text", None)
+        return text() if callable(text) else ""
+
+    @property
     def decisions_without_policy(self) -> int:
         """Rank 0: decisions at which the batches were kept because the arbitrator refused the job or
         did not answer (0 for an in-process policy, and on the other ranks)."""

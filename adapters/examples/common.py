@@ -117,12 +117,15 @@ def resume(path: Path, model: DDP, optimizer: Any, sampler: Any, ctl: Any) -> in
 
 
 def controller_line(ctl: Any, elapsed_s: float) -> str:
-    """Rank 0's closing words on the controller: batches, overhead, policy and guards."""
-    return (
+    """Rank 0's closing words on the controller: batches, overhead, policy, guards, and the policy's
+    inputs out of its training range (when there were any)."""
+    line = (
         f"{elapsed_s:.1f} s, local batches {ctl.batches.tolist()}, controller overhead "
         f"{100 * ctl.overhead_s / max(elapsed_s, 1e-9):.2f}% (policy {ctl.policy.name}, "
         f"{ctl.decisions_without_policy} decisions made without it); guards {ctl.guard.summary()}"
     )
+    out = ctl.inputs_out_of_range
+    return f"{line}; inputs out of the policy's training range: {out}" if out else line
 
 
 def shut_down() -> NoReturn:

@@ -343,9 +343,8 @@ class PPOController(BaseController):
         mean (most often first). An input out of range at half the decisions or more is logged as a
         warning: the policy extrapolates on this job (its training rows exceed 6 s.d. in ~1 % of
         decisions per input)."""
-        counts = getattr(self, "inputs_out_of_range", {})
         seen = int(getattr(self, "decisions_seen", 0))
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ranked = self._ranked_out_of_range()
         mostly = [f"{k} ({v} of {seen})" for k, v in ranked if seen and 2 * v >= seen]
         if mostly:
             log.warning(
@@ -355,7 +354,17 @@ class PPOController(BaseController):
                 self.out_of_range_sd,
                 ", ".join(mostly),
             )
-        return {"inputs_out_of_range": "; ".join(f"{k} ({v} of {seen})" for k, v in ranked)}
+        return {"inputs_out_of_range": self.out_of_range_text()}
+
+    def _ranked_out_of_range(self) -> list[tuple[str, int]]:
+        counts = getattr(self, "inputs_out_of_range", {})
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def out_of_range_text(self) -> str:
+        """The episode's inputs out of range so far, most often first (``"name (k of n); ..."``; empty
+        when none), without logging: what the drop-in's closing line reads."""
+        seen = int(getattr(self, "decisions_seen", 0))
+        return "; ".join(f"{k} ({v} of {seen})" for k, v in self._ranked_out_of_range())
 
 
 def _fmt(values: list[float]) -> list[int | float]:

@@ -32,9 +32,11 @@ def test_inputs_out_of_range_are_counted_per_decision_and_logged_when_most_are(c
     ctrl._count_out_of_range(rows)
     rows[0, k] = -10.0
     ctrl._count_out_of_range(rows)
+    text = "global.progress_gain (3 of 4); self.idle_fraction (1 of 4)"
+    assert ctrl.out_of_range_text() == text and not caplog.records  # the drop-in's reading: no log
     with caplog.at_level(logging.WARNING, logger="dynamix_gym.controllers.bundle"):
         summary = ctrl.episode_summary()
-    assert summary == {"inputs_out_of_range": "global.progress_gain (3 of 4); self.idle_fraction (1 of 4)"}
+    assert summary == {"inputs_out_of_range": text}
     # only the input out of range at half the decisions or more is logged
     (warned,) = [r.getMessage() for r in caplog.records]
     assert "global.progress_gain (3 of 4)" in warned and "idle_fraction" not in warned

@@ -163,7 +163,7 @@ def run_episode(
     }
     if info.get("guard") is not None:  # a guarded backend: what its guards did (sim.guards)
         summary.update(info["guard"])
-    summary.update(own.episode_summary())  # e.g. a bundle's inputs that sat at its clip
+    summary.update(own.episode_summary())  # e.g. a bundle's inputs out of its training range
     return EpisodeResult(timeline, summary)
 
 

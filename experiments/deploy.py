@@ -45,7 +45,7 @@ from omegaconf import DictConfig
 
 import dynamix_gym  # noqa: F401  (registers the envs)
 from adapters.ddp_backend import DDPBackend
-from dynamix_gym.controllers.base import decided_without_policy, env_options, hooks
+from dynamix_gym.controllers.base import BaseController, decided_without_policy, env_options, hooks
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
 from experiments.common import atomic_write_text, plain
@@ -62,8 +62,9 @@ ARBITRATOR_KWARGS = (
 )  # fmt: skip
 
 
-class ResumableController:
-    """Wraps a controller so that its state is checkpointed with the run and restored on resume."""
+class ResumableController(BaseController):
+    """Wraps a controller so that its state is checkpointed with the run and restored on resume; of
+    the hooks it forwards :meth:`episode_summary` (the others keep their defaults)."""
 
     def __init__(self, inner: Any, backend: DDPBackend) -> None:
         self.inner = inner
@@ -86,6 +87,9 @@ class ResumableController:
     @property
     def last_without_policy(self) -> bool:
         return decided_without_policy(self.inner)
+
+    def episode_summary(self) -> dict[str, Any]:
+        return hooks(self.inner).episode_summary()
 
 
 def build_controller(cfg: DictConfig) -> Any:
@@ -147,9 +151,6 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
         if hasattr(controller, "client"):  # an arbitrator: tell it how the job ended
             controller.close(final_report=getattr(env.unwrapped, "last_report", None))
         env.close()
-    # the wrapper declares no hooks, so run_episode did not ask the controller itself: a bundle's
-    # inputs far out of its training range (logged by it when most decisions read one)
-    result.summary.update(hooks(wrapped.inner).episode_summary())
     summary, tta = record_run(out, result, wrapped.inner, specs, spec, interval, step_offset=offset)
     guard = backend.guard  # what the guards did (sim.guards): counts and every firing
     atomic_write_text(

@@ -234,6 +234,11 @@ class PPOController(BaseController):
         out_of_range_sd: float = 6.0,
     ):
         self.out_of_range_sd = check_range("out_of_range_sd", out_of_range_sd, 0.0, low_open=True)
+        #: per input the decisions of this episode at which some worker's normalised value lay
+        #: ``out_of_range_sd`` or more from the training mean (the policy extrapolated there); reset()
+        #: starts them again
+        self.inputs_out_of_range: dict[str, int] = {}
+        self.decisions_seen = 0
         if bundle is None:
             if path is None:
                 raise ValueError("PPOController needs a bundle path (controller.path=<bundle dir>)")
@@ -250,10 +255,7 @@ class PPOController(BaseController):
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
-        #: per input the decisions of this episode at which some worker's normalised value lay
-        #: ``out_of_range_sd`` or more from the training mean: the policy extrapolated there
-        self.inputs_out_of_range: dict[str, int] = {}
-        self.decisions_seen = 0
+        self.inputs_out_of_range, self.decisions_seen = {}, 0
         meta = self.bundle.meta
         if meta.obs_form == "centralised" and meta.num_workers != spec.num_workers:
             raise BundleMismatchError(
@@ -324,8 +326,6 @@ class PPOController(BaseController):
         if norm is None:
             return
         at = (np.abs(rows) >= min(self.out_of_range_sd, norm.clip) * (1.0 - 1e-6)).any(axis=0)
-        if not hasattr(self, "inputs_out_of_range"):  # predict before reset: count from here
-            self.inputs_out_of_range, self.decisions_seen = {}, 0
         self.decisions_seen += 1
         if not at.any():
             return
@@ -343,9 +343,7 @@ class PPOController(BaseController):
         mean (most often first). An input out of range at half the decisions or more is logged as a
         warning: the policy extrapolates on this job (its training rows exceed 6 s.d. in ~1 % of
         decisions per input)."""
-        seen = int(getattr(self, "decisions_seen", 0))
-        ranked = self._ranked_out_of_range()
-        mostly = [f"{k} ({v} of {seen})" for k, v in ranked if seen and 2 * v >= seen]
+        mostly = self._out_of_range_entries(at_least=0.5)
         if mostly:
             log.warning(
                 "%s read inputs %g+ standard deviations from its training mean at half its decisions or "
@@ -356,15 +354,17 @@ class PPOController(BaseController):
             )
         return {"inputs_out_of_range": self.out_of_range_text()}
 
-    def _ranked_out_of_range(self) -> list[tuple[str, int]]:
-        counts = getattr(self, "inputs_out_of_range", {})
-        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    def _out_of_range_entries(self, at_least: float = 0.0) -> list[str]:
+        """``"name (k of n)"`` for each input out of range at a share ``at_least`` of the decisions
+        or more, most often first."""
+        seen = self.decisions_seen
+        ranked = sorted(self.inputs_out_of_range.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [f"{k} ({v} of {seen})" for k, v in ranked if v >= at_least * seen]
 
     def out_of_range_text(self) -> str:
         """The episode's inputs out of range so far, most often first (``"name (k of n); ..."``; empty
         when none), without logging: what the drop-in's closing line reads."""
-        seen = int(getattr(self, "decisions_seen", 0))
-        return "; ".join(f"{k} ({v} of {seen})" for k, v in self._ranked_out_of_range())
+        return "; ".join(self._out_of_range_entries())
 
 
 def _fmt(values: list[float]) -> list[int | float]:

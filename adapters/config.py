@@ -65,6 +65,10 @@ class RealDDPConfig:
     #: the guards (sim.guards.GuardConfig, or a mapping of its fields, or a mode name): capped and
     #: ramped learning rate, divergence watchdog with rollback; on ("act") by default
     guards: GuardConfig | dict | str | None = None
+    #: a calibrated profile (sim.profile reference) whose compute model of these ranks gives the spec's
+    #: compute curve (BackendSpec.compute_curve_s, read by observation schema 4); the quick calibration
+    #: sets its refit. None: no curve (schema 1-3 bundles need none)
+    compute_profile: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guards", GuardConfig.from_any(self.guards))

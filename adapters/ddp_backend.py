@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as mp_wait
+from os import PathLike
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,8 @@ class DDPBackend(BackendState):
             metric=cfg.task.metric,
             lr_rule=cfg.lr_rule,
         )
+        if cfg.compute_profile is not None:
+            self.use_compute_profile(cfg.compute_profile)
         self.faults = FaultEmulator(
             cfg.scenario,
             n,
@@ -170,6 +173,19 @@ class DDPBackend(BackendState):
         self._healthy = False
         self._reset_done = False
         self.train_size = 0
+
+    def use_compute_profile(self, ref: str | PathLike) -> None:
+        """Carry the compute curve of ``ref``'s compute model of these ranks in the spec
+        (:attr:`~sim.protocol.BackendSpec.compute_curve_s`, read by observation schema 4): the quick
+        calibration's refit, measured right before the run. An env over this backend takes the new
+        spec at its next reset."""
+        from sim.profile import load_profile, profile_compute_curve
+
+        profile = load_profile(ref)
+        spec = self.spec
+        curve = profile_compute_curve(profile, spec.gpu_types, spec.min_batch, spec.max_batch)
+        self.spec = replace(spec, compute_curve_s=curve)
+        self.config = replace(self.config, compute_profile=str(ref))
 
     # --- lifecycle -------------------------------------------------------------------------------------
     @property

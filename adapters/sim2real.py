@@ -28,6 +28,7 @@ from dynamix_gym.configs import plain
 from dynamix_gym.controllers import make_controller
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from dynamix_gym.evaluation import controller_label, run_episode
+from dynamix_gym.obs.v4 import SCHEMA_VERSION_V4
 from sim.faults import FaultWindow, Scenario
 from sim.profile import ClusterProfile, load_profile
 
@@ -107,8 +108,16 @@ class RealEnvs:
     ``lr_rule``), kept alive across episodes; ``extra`` fields apply to every backend."""
 
     def __init__(
-        self, real_config: dict[str, Any], scenario: Scenario, budget_s: float, **extra: Any
+        self,
+        real_config: dict[str, Any],
+        scenario: Scenario,
+        budget_s: float,
+        compute_profile: str | None = None,
+        **extra: Any,
     ) -> None:
+        #: the profile (measured right before, in a deployment campaign) whose compute curve the ranks'
+        #: spec carries for a controller of observation schema 4 (the others read none)
+        self.compute_profile = compute_profile
         self.base = {
             **real_config,
             "scenario": scenario,
@@ -132,6 +141,11 @@ class RealEnvs:
         from adapters.config import RealDDPConfig
         from adapters.ddp_backend import DDPBackend
 
+        if (
+            str((env_kwargs or {}).get("obs_schema")) == SCHEMA_VERSION_V4
+            and self.compute_profile is not None
+        ):
+            overrides = {"compute_profile": self.compute_profile, **overrides}
         key = (initial_batch, *sorted(overrides.items()))
         if key not in self.backends:
             self.backends[key] = DDPBackend(

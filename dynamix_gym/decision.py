@@ -43,6 +43,7 @@ from dynamix_gym.actions import (
     step_masks,
 )
 from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, make_encoder
+from dynamix_gym.obs.v4 import require_compute_curve
 from dynamix_gym.reward import RewardConfig, compute_reward
 from sim.protocol import BackendSpec, IntervalReport
 
@@ -112,7 +113,9 @@ class DecisionStep:
             options.get("split", "policy"),
             options.get("split_tolerance", DEFAULT_SPLIT_TOLERANCE),
         )
-        encoder = make_encoder(options.get("obs_schema", DEFAULT_SCHEMA_VERSION), spec)
+        version = options.get("obs_schema", DEFAULT_SCHEMA_VERSION)
+        require_compute_curve(str(version), spec)  # before any interval runs, not at the first encode
+        encoder = make_encoder(version, spec)
         return cls(spec, rule, encoder, **kwargs)
 
     def reset(self) -> None:

@@ -48,6 +48,7 @@ from adapters.ddp_backend import DDPBackend
 from dynamix_gym.controllers.base import BaseController, decided_without_policy, env_options, hooks
 from dynamix_gym.controllers.registry import make_controller
 from dynamix_gym.evaluation import run_episode
+from dynamix_gym.obs.v4 import MISSING_CURVE, SCHEMA_VERSION_V4
 from experiments.common import atomic_write_text, plain
 from experiments.deploy_calibration import REFIT_DIR, QuickCalibration, quick_calibrate, stored_profile
 from experiments.deploy_finetune import Finetuning, check_finetune, finetune_in_refit
@@ -113,6 +114,21 @@ def build_controller(cfg: DictConfig) -> Any:
     return instantiate(cfg.controller)
 
 
+def check_compute_curve(controller: Any, quick: bool, backend: Any) -> None:
+    """Before any rank starts: a bundle of observation schema 4 reads the ranks' compute curve, which
+    the quick calibration measures (not on a resumed run) or ``backend.compute_profile`` gives."""
+    if str(env_options(controller).get("obs_schema")) != SCHEMA_VERSION_V4 or backend.get("compute_profile"):
+        return
+    if quick and not backend.get("resume"):
+        return
+    hint = (
+        "a resumed run is not calibrated again: give backend.compute_profile=<the first run's dir>/profile_refit"
+        if quick
+        else "set calibrate.quick=true or backend.compute_profile=<a calibrated profile>"
+    )
+    raise ValueError(f"{MISSING_CURVE} ({hint})")
+
+
 def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     out = Path(out_dir or cfg.get("out_dir") or HydraConfig.get().runtime.output_dir)
     calibration = QuickCalibration.from_config(cfg.get("calibrate"))
@@ -123,6 +139,7 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
     controller = build_controller(cfg)
     if finetune:  # before any rank starts: what it needs
         check_finetune(controller, calibration.quick)
+    check_compute_curve(controller, calibration.quick, cfg.get("backend") or {})
     stored = stored_profile(calibration, controller) if calibration.quick else None
     specs = build_specs(cfg)
     env = make_env(cfg, controller.action_mode, specs, **env_options(controller))

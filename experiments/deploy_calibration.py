@@ -265,6 +265,8 @@ def quick_calibrate(
     with measuring(backend):
         overheads = remeasure_overheads(backend, stored, settings, refit_dir, interval, seed)
     refitted = load_profile(refit_dir)
+    if hasattr(backend, "use_compute_profile"):  # the compute curve schema 4 reads, measured right now
+        backend.use_compute_profile(refit_dir)
     stages.update(1)
     stages.set_postfix_str("drift check")
     before = measured_drift(

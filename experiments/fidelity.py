@@ -115,7 +115,9 @@ def measure(setup: Setup) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     speed = speed_ladder(cfg, profile, real_config, scenario) if cfg.speed_ladder.enabled else None
     runs: list[dict[str, Any]] = []
-    reals = RealEnvs(real_config, scenario, budget)
+    reals = RealEnvs(
+        real_config, scenario, budget, compute_profile=None if profile.path is None else str(profile.path)
+    )
     todo = [(seed, sp) for seed in cfg.real_seeds for sp in specs]
     try:
         for seed, sp in tqdm(todo, desc="real episodes", disable=not cfg.progress):

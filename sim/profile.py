@@ -31,11 +31,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from sim.cluster import ClusterSpec, ProfiledNodeSpec
 from sim.convergence import ConvergenceParams, convergence_params
 from sim.datafiles import atomic_write_text, data_path, dump_json
-from sim.hardware import GPU_MEMORY_GIB, ComputeParams, compute_params
+from sim.hardware import GPU_MEMORY_GIB, ComputeModel, ComputeParams, compute_params
 from sim.network import CommParams, comm_params
+from sim.protocol import COMPUTE_CURVE_POINTS, compute_curve_batches
 from sim.specs_io import cluster_from_dict, cluster_to_dict, spec_from_dict
 from sim.validation import check_choice, check_positive
 from sim.workloads import Workload
@@ -153,6 +156,25 @@ class ClusterProfile(ModelTables):
 # --------------------------------------------------------------------------------------------
 # Reading and writing
 # --------------------------------------------------------------------------------------------
+
+
+def profile_compute_curve(
+    profile: ClusterProfile,
+    gpu_types: tuple[str, ...],
+    min_batch: np.ndarray,
+    max_batch: np.ndarray,
+    points: int = COMPUTE_CURVE_POINTS,
+) -> np.ndarray:
+    """(N, points) compute seconds per iteration of workers of ``gpu_types`` on ``profile``'s workload
+    at :func:`~sim.protocol.compute_curve_batches` (a :attr:`~sim.protocol.BackendSpec.compute_curve_s`
+    for real ranks, from their calibrated compute model; KeyError-like ValueError from the profile when it
+    has no model of a type)."""
+    grid = compute_curve_batches(np.asarray(min_batch), np.asarray(max_batch), points)
+    app = profile.workload.app
+    rows = [
+        ComputeModel(profile.compute_params(g, app)).compute_time_s(grid[i]) for i, g in enumerate(gpu_types)
+    ]
+    return np.asarray(rows, dtype=np.float64)
 
 
 def profile_path(ref: str | Path) -> Path:

@@ -259,10 +259,22 @@ class BackendSpec:
     #: how the job sets its learning rate when the global batch changes (:data:`sim.scaling.LR_RULES`;
     #: ``none``: it does not, so a larger batch trades final accuracy for speed)
     lr_rule: str = "adascale"
+    #: nominal compute seconds per iteration of each worker at :func:`compute_curve_batches` (N, G):
+    #: how a step's cost grows with its batch, as measured before the run (the real backends' quick
+    #: calibration) or known (the simulator's fault-free compute model); ``None`` where nobody measured
+    #: it. Observation schema 4 reads it (:func:`compute_elasticity`); earlier schemas ignore it.
+    compute_curve_s: np.ndarray | None = None
 
     @property
     def num_workers(self) -> int:
         return len(self.gpu_types)
+
+    @property
+    def compute_curve_batches(self) -> np.ndarray:
+        """(N, G) local batches at which :attr:`compute_curve_s` is given (G = its columns, or
+        :data:`COMPUTE_CURVE_POINTS` without a curve)."""
+        g = COMPUTE_CURVE_POINTS if self.compute_curve_s is None else self.compute_curve_s.shape[1]
+        return compute_curve_batches(self.min_batch, self.max_batch, g)
 
     def __post_init__(self) -> None:
         n = len(self.gpu_types)
@@ -279,6 +291,68 @@ class BackendSpec:
                 f"BackendSpec.initial_batch {self.initial_batch.tolist()} must lie in "
                 f"[min_batch, max_batch] = [{self.min_batch.tolist()}, {self.max_batch.tolist()}]"
             )
+        if self.compute_curve_s is not None:
+            curve = np.asarray(self.compute_curve_s, dtype=np.float64)
+            if curve.ndim != 2 or curve.shape[0] != n or not 2 <= curve.shape[1] <= 64:
+                raise ValueError(
+                    f"BackendSpec.compute_curve_s must have shape ({n}, G) with 2 <= G <= 64, got {curve.shape}"
+                )
+            if not np.all(np.isfinite(curve) & (curve > 0.0)):
+                raise ValueError("BackendSpec.compute_curve_s must be finite and > 0 (seconds per iteration)")
+            object.__setattr__(self, "compute_curve_s", curve)
+
+
+#: Points of a spec's compute curve by default (log-spaced over each worker's batch range).
+COMPUTE_CURVE_POINTS = 9
+
+
+def compute_curve_batches(min_batch: np.ndarray, max_batch: np.ndarray, points: int) -> np.ndarray:
+    """(N, points) local batches log-spaced from each worker's ``min_batch`` to its ``max_batch``
+    (both included; real-valued: a curve is a model of cost, not a list of runnable batches)."""
+    lo = np.log(np.asarray(min_batch, dtype=np.float64))
+    hi = np.log(np.asarray(max_batch, dtype=np.float64))
+    return np.exp(lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, int(points))[None, :])
+
+
+def compute_elasticity(spec: BackendSpec, local_batch: np.ndarray) -> np.ndarray:
+    """(N,) d ln(compute time) / d ln(batch) of each worker over the octave above its ``local_batch``
+    (the octave below at the top of its range), from ``spec.compute_curve_s`` interpolated linearly in
+    log-log: 1 where a step costs in proportion to its batch (a CPU rank), near 0 where it rides a
+    launch or host floor (a GPU at small batches), above 1 past a cache knee. 0 for a worker whose
+    range is one batch. Raises ValueError when the spec carries no curve."""
+    if spec.compute_curve_s is None:
+        raise ValueError(
+            "BackendSpec.compute_curve_s is None: the compute elasticity needs the workers' compute curve "
+            "(the simulator fills it; on real ranks run the quick calibration first, calibrate.quick=true)"
+        )
+    lo = np.log(spec.min_batch.astype(np.float64))
+    hi = np.log(spec.max_batch.astype(np.float64))
+    return loglog_elasticity(lo, hi, np.log(spec.compute_curve_s), local_batch)
+
+
+def loglog_elasticity(
+    lo: np.ndarray, hi: np.ndarray, log_t: np.ndarray, local_batch: np.ndarray
+) -> np.ndarray:
+    """:func:`compute_elasticity` on precomputed logs: ``lo``, ``hi`` (N,) the log batch range, ``log_t``
+    (N, G) the log curve on G log-spaced points (vectorised over workers)."""
+    g = log_t.shape[1]
+    width = hi - lo
+    one = width > 1e-9
+    safe = np.where(one, width, 1.0)
+    octave = np.log(2.0)
+    x = np.clip(np.log(np.maximum(np.asarray(local_batch, dtype=np.float64), 1.0)), lo, hi)
+    b = np.minimum(x + octave, hi)
+    a = np.where(b - x < 0.5 * octave, np.maximum(b - octave, lo), x)
+    rows = np.arange(len(lo))
+
+    def at(v: np.ndarray) -> np.ndarray:
+        u = (v - lo) / safe * (g - 1)
+        i = np.clip(np.floor(u).astype(np.int64), 0, g - 2)
+        f = u - i
+        return log_t[rows, i] * (1.0 - f) + log_t[rows, i + 1] * f
+
+    span = b - a
+    return np.where(one & (span > 1e-9), (at(b) - at(a)) / np.where(span > 1e-9, span, 1.0), 0.0)
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ def observation_page() -> str:
         "Generated from the schema registry (`dynamix_gym/obs/registry.py`) at every docs build: each table is",
         "`ObservationSchema.as_table()` of the version's schema. Choose a version with the env's `obs_schema`",
         f"(default {DEFAULT_SCHEMA_VERSION}); a PPO bundle records the version it was trained on and refuses",
-        "another. The narrative of schemas 2 and 3 is in [The env](../env.md).",
+        "another. The narrative of schemas 2, 3 and 4 is in [The env](../env.md).",
         "",
         "## Layout",
         "",

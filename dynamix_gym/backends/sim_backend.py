@@ -12,7 +12,7 @@ from sim.engine import Simulator, validation_sd
 from sim.faults import Scenario
 from sim.guards import Guard, GuardConfig, GuardedBackend
 from sim.profile import ClusterProfile
-from sim.protocol import BackendSpec, IntervalReport
+from sim.protocol import COMPUTE_CURVE_POINTS, BackendSpec, IntervalReport, compute_curve_batches
 from sim.workloads import Workload
 
 
@@ -213,4 +213,12 @@ def simulator_spec(sim: Simulator, initial_batch: int | None, time_budget_s: flo
         deterministic=True,
         metric=wl.metric,
         lr_rule=sim.convergence.lr_rule,
+        compute_curve_s=simulator_compute_curve(sim),
     )
+
+
+def simulator_compute_curve(sim: Simulator, points: int = COMPUTE_CURVE_POINTS) -> np.ndarray:
+    """(N, points) fault-free compute seconds per iteration of each worker at
+    :func:`~sim.protocol.compute_curve_batches` (the simulator's :attr:`BackendSpec.compute_curve_s`)."""
+    grid = compute_curve_batches(sim.min_batch, sim.max_batch, points)
+    return sim.nominal_compute_time_s(grid.T).T

@@ -276,6 +276,8 @@ class HeteroClusterEnv(gym.Env):
     def _start_episode(self, initial: np.ndarray | None = None):
         """Fresh backend run and warm-up interval (``self.np_random`` already seeded)."""
         self.backend.reset(rng=self.np_random)
+        if self.backend.spec is not self.decision.spec:  # e.g. a compute curve measured since (schema 4)
+            self._rebuild_decision(self.decision.time_budget_s)
         self.decision.reset()
         if self._fallback is not None:  # a child stream: the episode's own draws do not move
             self._fallback[0].reset(self.backend.spec, self.np_random.spawn(1)[0])
@@ -365,11 +367,17 @@ class HeteroClusterEnv(gym.Env):
             raise ValueError("set_backend would change the absolute-mode action space; build a new env")
         self.backend.close()
         self.backend = backend
-        old = self.decision
+        self._rebuild_decision(None)
+
+    def _rebuild_decision(self, time_budget_s: float | None) -> None:
+        """The decision step (rule, encoder) over the backend's current spec, as before otherwise."""
+        backend, old = self.backend, self.decision
         rule = ActionRule.for_spec(old.rule.mode, backend.spec, old.rule.steps, old.rule.split,
                                    old.rule.split_tolerance)  # fmt: skip
         encoder = make_encoder(self.obs_schema.version, backend.spec, window=old.encoder.window)
-        self.decision = DecisionStep(backend.spec, rule, encoder, old.reward, None, old.max_decisions)
+        self.decision = DecisionStep(
+            backend.spec, rule, encoder, old.reward, time_budget_s, old.max_decisions
+        )
         self._fallback = self._guard_fallback()
 
     def _guard_fallback(self) -> tuple[Any, ActionRule] | None:

@@ -5,6 +5,8 @@
 * :mod:`~dynamix_gym.obs.v1`: schema 1, absolute quantities (DYNAMIX's state; the default);
 * :mod:`~dynamix_gym.obs.v2`: schema 2, scale-free;
 * :mod:`~dynamix_gym.obs.v3`: schema 3, schema 2 plus the job's learning-rate regime;
+* :mod:`~dynamix_gym.obs.v4`: schema 4, schema 3 plus each worker's compute elasticity (its cost curve,
+  measured before the run);
 * :mod:`~dynamix_gym.obs.registry`: the versions, :func:`get_schema` and :func:`make_encoder`.
 """
 
@@ -21,6 +23,7 @@ from dynamix_gym.obs.registry import (
 from dynamix_gym.obs.v1 import OBS_SCHEMA_V1, ObservationEncoder
 from dynamix_gym.obs.v2 import OBS_SCHEMA_V2, ScaleFreeEncoder
 from dynamix_gym.obs.v3 import OBS_SCHEMA_V3, RegimeAwareEncoder
+from dynamix_gym.obs.v4 import OBS_SCHEMA_V4, CostAwareEncoder
 
 #: The default observation schema (schema 1), exported as ``dynamix_gym.OBS_SCHEMA``.
 OBS_SCHEMA = get_schema(DEFAULT_SCHEMA_VERSION)
@@ -32,7 +35,9 @@ __all__ = [
     "OBS_SCHEMA_V1",
     "OBS_SCHEMA_V2",
     "OBS_SCHEMA_V3",
+    "OBS_SCHEMA_V4",
     "SCHEMA_VERSIONS",
+    "CostAwareEncoder",
     "EncoderBase",
     "Feature",
     "ObservationEncoder",

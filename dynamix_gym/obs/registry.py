@@ -10,12 +10,16 @@ from dynamix_gym.obs.base import EncoderBase, ObservationSchema
 from dynamix_gym.obs.v1 import ObservationEncoder
 from dynamix_gym.obs.v2 import ScaleFreeEncoder
 from dynamix_gym.obs.v3 import RegimeAwareEncoder
+from dynamix_gym.obs.v4 import CostAwareEncoder
 from sim.protocol import BackendSpec
 
 #: Each version's encoder class (its ``schema`` attribute is the version's
 #: :class:`~dynamix_gym.obs.base.ObservationSchema`). Add a schema here and nowhere else.
 ENCODERS: MappingProxyType[str, type[EncoderBase]] = MappingProxyType(
-    {cls.schema.version: cls for cls in (ObservationEncoder, ScaleFreeEncoder, RegimeAwareEncoder)}
+    {
+        cls.schema.version: cls
+        for cls in (ObservationEncoder, ScaleFreeEncoder, RegimeAwareEncoder, CostAwareEncoder)
+    }
 )
 #: Every observation schema this version can encode (and load bundles for), by version.
 SCHEMA_VERSIONS: tuple[str, ...] = tuple(ENCODERS)
@@ -35,7 +39,7 @@ def check_schema_version(field: str, version: int | str) -> str:
 
 def get_schema(version: int | str) -> ObservationSchema:
     """The observation schema of ``version`` (1: absolute, DYNAMIX's; 2: scale-free; 3: scale-free
-    with the learning-rate regime)."""
+    with the learning-rate regime; 4: 3 with each worker's compute elasticity)."""
     return ENCODERS[check_schema_version("obs_schema", version)].schema
 
 

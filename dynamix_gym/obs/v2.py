@@ -181,12 +181,14 @@ class ScaleFreeEncoder(EncoderBase):
         self._inv_width = np.divide(1.0, width, out=np.zeros(n), where=width > 0)
         self._min_list, self._max_list = self._min.tolist(), self._max.tolist()
         # (field, worker) rows of the logged inputs: compute rate, gradient norm and bytes sent.
-        # A later schema (3) appends global features after schema 2's (``_extra_globals``).
-        g_features = self.schema.global_features
-        self._flat = np.empty(n * _FW + len(g_features))
-        self._raw = self._flat[: n * _FW].reshape(n, _FW)
-        low = np.array([f.low for f in WORKER_FEATURES_V2])
-        high = np.array([f.high for f in WORKER_FEATURES_V2])
+        # A later schema appends global features after schema 2's (3: ``_extra_globals``) and worker
+        # features after schema 2's (4: ``_extra_workers``).
+        g_features, w_features = self.schema.global_features, self.schema.worker_features
+        self._fw = fw = len(w_features)
+        self._flat = np.empty(n * fw + len(g_features))
+        self._raw = self._flat[: n * fw].reshape(n, fw)
+        low = np.array([f.low for f in w_features])
+        high = np.array([f.high for f in w_features])
         g_low = np.array([f.low for f in g_features])
         g_high = np.array([f.high for f in g_features])
         self._low = np.concatenate([np.tile(low, n), g_low])
@@ -291,6 +293,8 @@ class ScaleFreeEncoder(EncoderBase):
         np.log10(np.maximum(np.sqrt(x[8]) / gnorm, 1e-6), out=raw[:, 11])
         np.subtract(log_g, ref_filled[2], out=raw[:, 12])
         raw[:, 13] = live
+        if self._fw > _FW:
+            raw[:, _FW:] = self._extra_workers(b)
         if not all_live:
             dead = ~live
             raw[np.ix_(dead, _DEAD_LOW)] = _DEAD_LOW_VALUES
@@ -317,7 +321,8 @@ class ScaleFreeEncoder(EncoderBase):
             g_pos = (math.log2(m) - math.log2(lo_sum)) / (math.log2(hi_sum) - math.log2(lo_sum))
         else:
             g_pos = 0.0
-        self._flat[n * _FW : n * _FW + _FG] = (
+        fw = self._fw
+        self._flat[n * fw : n * fw + _FG] = (
             (q - self._q0) / span,
             (q - self._val_q[0]) / span,
             math.log2(loss / self._loss0),
@@ -334,7 +339,7 @@ class ScaleFreeEncoder(EncoderBase):
             min(report.reconfig_time_s / interval, 1.0),
             n_live / n,
         )
-        self._flat[n * _FW + _FG :] = self._extra_globals(m)
+        self._flat[n * fw + _FG :] = self._extra_globals(m)
         flat = self._flat
         np.maximum(flat, self._low, out=flat)
         np.minimum(flat, self._high, out=flat)
@@ -345,3 +350,7 @@ class ScaleFreeEncoder(EncoderBase):
     def _extra_globals(self, global_batch: int) -> tuple[float, ...]:
         """Raw values of the global features a later schema appends (none in schema 2)."""
         return ()
+
+    def _extra_workers(self, local_batch: np.ndarray) -> np.ndarray:
+        """(N, extra) raw values of the worker features a later schema appends (none in schema 2)."""
+        raise NotImplementedError(f"schema {self.schema.version} appends worker features; encode them")

@@ -42,6 +42,7 @@ from dynamix_gym.benchmark.scoring import run_score_s
 from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
 from dynamix_gym.decision import DecisionStep, policy_forward
 from dynamix_gym.obs import make_encoder
+from dynamix_gym.obs.v4 import SCHEMA_VERSION_V4
 from dynamix_gym.reward import RewardConfig
 from dynamix_gym.service import arbitrator_pb2 as pb
 from dynamix_gym.service import arbitrator_pb2_grpc as pb_grpc
@@ -243,6 +244,11 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
                     f"the job has {spec.num_workers}"
                 )
             check_bundle_schema(request.schema_version, served.name, meta.schema_version)
+            if spec.compute_curve_s is None and meta.schema_version == SCHEMA_VERSION_V4:
+                raise BundleMismatchError(
+                    f"bundle {served.name!r} reads observation schema 4 (each worker's compute curve, "
+                    "measured before the run), which a registration does not carry; serve a bundle of schema 1-3"
+                )
             encoder = make_encoder(meta.schema_version, spec)
         except (FieldError, ValueError) as e:
             code = (

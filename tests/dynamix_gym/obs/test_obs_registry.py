@@ -11,6 +11,7 @@ from dynamix_gym.obs import (
     DEFAULT_SCHEMA_VERSION,
     ENCODERS,
     SCHEMA_VERSIONS,
+    CostAwareEncoder,
     ObservationEncoder,
     RegimeAwareEncoder,
     ScaleFreeEncoder,
@@ -20,25 +21,30 @@ from dynamix_gym.obs import (
 
 
 def test_versions_map_to_their_encoders_and_schemas():
-    assert SCHEMA_VERSIONS == ("1", "2", "3")
-    assert dict(ENCODERS) == {"1": ObservationEncoder, "2": ScaleFreeEncoder, "3": RegimeAwareEncoder}
+    assert SCHEMA_VERSIONS == ("1", "2", "3", "4")
+    assert dict(ENCODERS) == {
+        "1": ObservationEncoder,
+        "2": ScaleFreeEncoder,
+        "3": RegimeAwareEncoder,
+        "4": CostAwareEncoder,
+    }
     for version, cls in ENCODERS.items():
         assert cls.schema.version == version
         assert get_schema(version) is cls.schema and get_schema(int(version)) is cls.schema
     assert DEFAULT_SCHEMA_VERSION == "1" and dynamix_gym.OBS_SCHEMA is get_schema(DEFAULT_SCHEMA_VERSION)
 
 
-@pytest.mark.parametrize("version", ["1", 2, "3"])
+@pytest.mark.parametrize("version", ["1", 2, "3", 4])
 def test_make_encoder_builds_the_versions_encoder(version):
     spec = HeteroClusterEnv(workers=3).backend.spec
     encoder = make_encoder(version, spec, window=2)
     assert type(encoder) is ENCODERS[str(version)] and encoder.window == 2 and encoder.spec is spec
 
 
-@pytest.mark.parametrize("bad", [0, "4", "v1", True, None, 1.0])
+@pytest.mark.parametrize("bad", [0, "5", "v1", True, None, 1.0])
 def test_unknown_versions_are_refused_by_name(bad):
     with pytest.raises(
-        ValueError, match=r"obs_schema must be one of \['1', '2', '3'\] \(observation schema\)"
+        ValueError, match=r"obs_schema must be one of \['1', '2', '3', '4'\] \(observation schema\)"
     ):
         get_schema(bad)
     with pytest.raises(ValueError, match="obs_schema must be one of"):
@@ -47,4 +53,4 @@ def test_unknown_versions_are_refused_by_name(bad):
 
 def test_registry_is_read_only():
     with pytest.raises(TypeError):
-        ENCODERS["4"] = ObservationEncoder  # type: ignore[index]
+        ENCODERS["5"] = ObservationEncoder  # type: ignore[index]

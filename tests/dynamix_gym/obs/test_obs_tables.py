@@ -9,7 +9,7 @@ import pytest
 from support import ROOT, docs_reference
 
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
-from dynamix_gym.obs import ENCODERS, OBS_SCHEMA, v1, v2, v3
+from dynamix_gym.obs import ENCODERS, OBS_SCHEMA, v1, v2, v3, v4
 
 HEADER = "| index | name | unit | raw range | description |"
 
@@ -42,11 +42,11 @@ def test_env_docstring_table_is_the_schema_1_centralised_table():
     assert _tables(HeteroClusterEnv.__doc__) == [OBS_SCHEMA.as_table(centralised=True)]
 
 
-@pytest.mark.parametrize("module", [v1, v2, v3], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [v1, v2, v3, v4], ids=lambda m: m.__name__)
 def test_each_schema_module_docstring_shows_its_per_worker_table(module):
     (encoder,) = [cls for cls in ENCODERS.values() if cls.__module__ == module.__name__]
     assert _tables(module.__doc__) == [encoder.schema.as_table()]
 
 
 def test_every_registered_schema_has_a_module_with_its_table():
-    assert sorted(cls.__module__ for cls in ENCODERS.values()) == [m.__name__ for m in (v1, v2, v3)]
+    assert sorted(cls.__module__ for cls in ENCODERS.values()) == [m.__name__ for m in (v1, v2, v3, v4)]

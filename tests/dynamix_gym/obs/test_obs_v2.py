@@ -191,8 +191,8 @@ def test_schema_registry_and_tables():
         assert f.low < f.high, f.name
     spec = HeteroClusterEnv(workers=2).backend.spec
     assert isinstance(make_encoder(2, spec), ScaleFreeEncoder)
-    for bad in (4, "v2", None, True, 1.0):
-        with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
+    for bad in (5, "v2", None, True, 1.0):
+        with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3', '4'\]"):
             HeteroClusterEnv(workers=2, obs_schema=bad)
 
 
@@ -363,9 +363,9 @@ def test_a_schema2_bundle_records_its_schema_and_refuses_a_schema1_env(tmp_path)
     (path / "bundle.json").write_text(json.dumps(raw))
     with pytest.raises(BundleMismatchError, match="differ from that schema"):
         load_bundle(path)
-    raw["schema_version"] = "4"
+    raw["schema_version"] = "5"
     (path / "bundle.json").write_text(json.dumps(raw))
-    with pytest.raises(BundleMismatchError, match=r"schema '4'.*\['1', '2', '3'\]"):
+    with pytest.raises(BundleMismatchError, match=r"schema '5'.*\['1', '2', '3', '4'\]"):
         load_bundle(path)
 
 

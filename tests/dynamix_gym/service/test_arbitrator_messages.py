@@ -146,7 +146,8 @@ def test_registration_checks(reports):
     check_register(bad)
     bad.schema_version = "0"
     with pytest.raises(
-        FieldError, match="schema_version: the service encodes observation schemas \\['1', '2', '3'\\] \\(''"
+        FieldError,
+        match="schema_version: the service encodes observation schemas \\['1', '2', '3', '4'\\] \\(''",
     ):
         check_register(bad)
     bad.CopyFrom(ok)

@@ -187,7 +187,7 @@ def test_schema_mismatch_is_refused_with_a_clear_error(running):
     with pytest.raises(grpc.RpcError) as e:
         stub.Register(req, timeout=2.0, metadata=(("authorization", f"Bearer {TOKEN}"),))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "schema_version: the service encodes observation schemas ['1', '2', '3']" in e.value.details()
+    assert "schema_version: the service encodes observation schemas ['1', '2', '3', '4']" in e.value.details()
     channel.close()
 
 
@@ -233,8 +233,33 @@ def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(r
         other.register(spec, 50)  # a refusal: the job fails naming it
     assert other.schema_version is None
     assert other.last_error.startswith("FAILED_PRECONDITION: bundle 'default' reads observation schema 1")
-    with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3'\]"):
-        ArbitratorClient(running.address, token=TOKEN, obs_schema=4)
+    with pytest.raises(ValueError, match=r"obs_schema must be one of \['1', '2', '3', '4'\]"):
+        ArbitratorClient(running.address, token=TOKEN, obs_schema=5)
+
+
+def test_a_schema4_bundle_is_refused_at_registration_naming_the_curve(tmp_path):
+    """Schema 4 reads each worker's compute curve, which a registration does not carry: the job is
+    refused by name when it registers, not at its first decision."""
+    from sb3_contrib import MaskablePPO
+
+    from dynamix_gym.controllers.bundle import BundleMeta, save_bundle
+    from dynamix_gym.envs.vec_env import PerWorkerVecEnv
+
+    steps = [0.5, 1.0, 2.0]
+    make = lambda: HeteroClusterEnv(workers=2, obs_schema=4, action_mode="scale", action_set=steps)  # noqa: E731
+    model = MaskablePPO("MlpPolicy", PerWorkerVecEnv([make]), n_steps=8, batch_size=8, seed=0, device="cpu")
+    meta = BundleMeta(obs_form="per_worker", action_set=steps, action_mode="scale", algorithm="maskable_ppo",
+                      schema_version="4")  # fmt: skip
+    served = Running(load_bundle(save_bundle(tmp_path / "b4", model, meta, None)), tmp_path / "t.jsonl")
+    try:
+        client = ArbitratorClient(served.address, token=TOKEN, job_id="s4", timeout_s=2.0)
+        with pytest.raises(
+            ArbitratorRefused, match=r"FAILED_PRECONDITION: bundle 'default' reads observation schema 4"
+        ):
+            client.register(make().backend.spec, 50)
+        assert "does not carry" in client.last_error
+    finally:
+        served.stop()
 
 
 def test_a_job_that_misses_its_target_is_scored_by_its_time_budget(running):

@@ -148,3 +148,24 @@ def test_real_ranks_take_their_curve_from_a_calibrated_profile():
         assert isinstance(make_encoder("4", spec), CostAwareEncoder)
     finally:
         backend.close()
+
+
+def test_a_campaigns_schema4_runs_read_the_profile_its_simulated_side_uses():
+    """experiments.fidelity: the real ranks of a schema-4 bundle carry the campaign profile's curve
+    (the refit measured right before, in a deployment campaign); other controllers' ranks carry none."""
+    from adapters.sim2real import RealEnvs, real_profile
+    from sim.faults import Scenario
+
+    profile, real_config = real_profile(LM_REFIT)
+    reals = RealEnvs(real_config, Scenario("none", ()), 60.0, compute_profile=LM_REFIT)
+    try:
+        env4 = reals.env(8, "scale", 20, "time", {"obs_schema": "4", "action_set": [0.5, 1.0, 2.0]})
+        env3 = reals.env(8, "scale", 20, "time", {"obs_schema": "3", "action_set": [0.5, 1.0, 2.0]})
+        assert env4.backend is not env3.backend and env3.backend.spec.compute_curve_s is None
+        assert env4.backend.config.compute_profile == LM_REFIT
+        expected = profile_compute_curve(
+            profile, ("cpu", "cpu"), env4.backend.spec.min_batch, env4.backend.spec.max_batch
+        )
+        np.testing.assert_allclose(env4.backend.spec.compute_curve_s, expected)
+    finally:
+        reals.close()

@@ -65,6 +65,7 @@ def serve(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
             max_jobs=int(cfg.max_jobs),
             idle_timeout_s=float(cfg.idle_timeout_s),
             explore=bool(cfg.explore) or learn,
+            out_of_range_sd=float(cfg.out_of_range_sd),
         ),
         rng=rng,
     )

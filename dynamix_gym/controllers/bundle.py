@@ -234,11 +234,6 @@ class PPOController(BaseController):
         out_of_range_sd: float = 6.0,
     ):
         self.out_of_range_sd = check_range("out_of_range_sd", out_of_range_sd, 0.0, low_open=True)
-        #: per input the decisions of this episode at which some worker's normalised value lay
-        #: ``out_of_range_sd`` or more from the training mean (the policy extrapolated there); reset()
-        #: starts them again
-        self.inputs_out_of_range: dict[str, int] = {}
-        self.decisions_seen = 0
         if bundle is None:
             if path is None:
                 raise ValueError("PPOController needs a bundle path (controller.path=<bundle dir>)")
@@ -252,10 +247,13 @@ class PPOController(BaseController):
             bundle.meta.split if split is None else split,
             bundle.meta.split_tolerance if split_tolerance is None else split_tolerance,
         )
+        #: the inputs of this episode that lay ``out_of_range_sd`` or more from the training mean, per
+        #: decision (the policy extrapolated there); reset() starts it again for the spec's workers
+        self.input_range = InputRange(bundle, bundle.meta.num_workers or 1, self.out_of_range_sd)
 
     def reset(self, spec: BackendSpec, rng: np.random.Generator | None = None) -> None:
         super().reset(spec, rng)
-        self.inputs_out_of_range, self.decisions_seen = {}, 0
+        self.input_range = InputRange(self.bundle, spec.num_workers, self.out_of_range_sd)
         meta = self.bundle.meta
         if meta.obs_form == "centralised" and meta.num_workers != spec.num_workers:
             raise BundleMismatchError(
@@ -320,22 +318,16 @@ class PPOController(BaseController):
         return out.actions, None
 
     def _count_out_of_range(self, rows: np.ndarray) -> None:
-        """Count the inputs that lay ``out_of_range_sd`` or more standard deviations from the bundle's
-        training mean (normalised values; the normaliser's clip at most) at this decision."""
-        norm = self.bundle.obs_norm
-        if norm is None:
-            return
-        at = (np.abs(rows) >= min(self.out_of_range_sd, norm.clip) * (1.0 - 1e-6)).any(axis=0)
-        self.decisions_seen += 1
-        if not at.any():
-            return
-        if self.bundle.meta.obs_form == "per_worker":
-            names = self.schema.per_worker_names()
-        else:
-            names = self.schema.centralised_names(self.spec.num_workers)
-        for j in np.flatnonzero(at).tolist():
-            name = names[j] if j < len(names) else f"input[{j}]"  # e.g. a centralised critic's state
-            self.inputs_out_of_range[name] = self.inputs_out_of_range.get(name, 0) + 1
+        self.input_range.count(rows)
+
+    @property
+    def inputs_out_of_range(self) -> dict[str, int]:
+        """Per input the decisions of this episode at which it lay out of range (:class:`InputRange`)."""
+        return self.input_range.counts
+
+    @property
+    def decisions_seen(self) -> int:
+        return self.input_range.decisions
 
     def episode_summary(self) -> dict[str, Any]:
         """What :func:`dynamix_gym.evaluation.run_episode` adds to a summary: per input the decisions
@@ -355,16 +347,59 @@ class PPOController(BaseController):
         return {"inputs_out_of_range": self.out_of_range_text()}
 
     def _out_of_range_entries(self, at_least: float = 0.0) -> list[str]:
-        """``"name (k of n)"`` for each input out of range at a share ``at_least`` of the decisions
-        or more, most often first."""
-        seen = self.decisions_seen
-        ranked = sorted(self.inputs_out_of_range.items(), key=lambda kv: (-kv[1], kv[0]))
-        return [f"{k} ({v} of {seen})" for k, v in ranked if v >= at_least * seen]
+        return self.input_range.entries(at_least)
 
     def out_of_range_text(self) -> str:
         """The episode's inputs out of range so far, most often first (``"name (k of n); ..."``; empty
         when none), without logging: what the drop-in's closing line reads."""
-        return "; ".join(self._out_of_range_entries())
+        return self.input_range.text()
+
+
+class InputRange:
+    """Per input of a bundle's policy, the decisions at which some worker's normalised value lay ``sd``
+    or more standard deviations from the bundle's training mean (the normaliser's clip at most): where
+    the policy extrapolates. One per episode or job (the controller's, the arbitrator's sessions').
+
+    Args:
+        bundle: the policy bundle (without observation statistics nothing is counted).
+        num_workers: the job's workers (a centralised policy's inputs are named per worker).
+        sd: the threshold, in standard deviations.
+    """
+
+    def __init__(self, bundle: PolicyBundle, num_workers: int, sd: float = 6.0) -> None:
+        self.bundle, self.sd = bundle, float(sd)
+        schema = get_schema(bundle.meta.schema_version)
+        per_worker = bundle.meta.obs_form == "per_worker"
+        self.names = schema.per_worker_names() if per_worker else schema.centralised_names(num_workers)
+        self.counts: dict[str, int] = {}
+        self.decisions = 0
+
+    def count(self, rows: np.ndarray) -> list[str]:
+        """Count one decision's normalised input rows (workers x inputs); the inputs out at it."""
+        norm = self.bundle.obs_norm
+        if norm is None:
+            return []
+        at = (np.abs(rows) >= min(self.sd, norm.clip) * (1.0 - 1e-6)).any(axis=0)
+        self.decisions += 1
+        out = []
+        for j in np.flatnonzero(at).tolist():
+            name = (
+                self.names[j] if j < len(self.names) else f"input[{j}]"
+            )  # e.g. a centralised critic's state
+            self.counts[name] = self.counts.get(name, 0) + 1
+            out.append(name)
+        return out
+
+    def entries(self, at_least: float = 0.0) -> list[str]:
+        """``"name (k of n)"`` for each input out of range at a share ``at_least`` of the decisions
+        or more, most often first."""
+        seen = self.decisions
+        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [f"{k} ({v} of {seen})" for k, v in ranked if v >= at_least * seen]
+
+    def text(self) -> str:
+        """``"name (k of n); ..."``, most often first; empty when none."""
+        return "; ".join(self.entries())
 
 
 def _fmt(values: list[float]) -> list[int | float]:

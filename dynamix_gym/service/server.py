@@ -39,7 +39,7 @@ import numpy as np
 
 from dynamix_gym.actions import DISCRETE_ACTION_MODES, ActionRule
 from dynamix_gym.benchmark.scoring import run_score_s
-from dynamix_gym.controllers.bundle import BundleMismatchError, PolicyBundle
+from dynamix_gym.controllers.bundle import BundleMismatchError, InputRange, PolicyBundle
 from dynamix_gym.decision import DecisionStep, policy_forward
 from dynamix_gym.obs import make_encoder
 from dynamix_gym.obs.v4 import SCHEMA_VERSION_V4
@@ -148,6 +148,8 @@ class Session:
     decisions: int = 0
     ended: bool = False
     rng: np.random.Generator | None = None  # the job's exploration draws
+    #: per input the decisions at which the policy read it far out of its training range
+    input_range: InputRange | None = None
 
 
 @dataclass
@@ -158,8 +160,14 @@ class ServiceConfig:
     idle_timeout_s: float = 600.0
     explore: bool = False  # sample actions (online mode) instead of the most likely one
     log_obs_digits: int = 4  # rounding of the logged observations
+    #: an input this many standard deviations or more from the bundle's training mean is out of range
+    out_of_range_sd: float = 6.0
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.out_of_range_sd <= 1e6:
+            raise ValueError(
+                f"out_of_range_sd must lie in (0, 1e6] standard deviations, got {self.out_of_range_sd}"
+            )
         if not 1 <= self.max_jobs <= 100_000:
             raise ValueError(f"max_jobs must lie in [1, 100000], got {self.max_jobs}")
         if not self.idle_timeout_s > 0:
@@ -285,6 +293,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             last_seen=now,
             # keyed by the job and where it resumes: a re-registered job does not replay its draws
             rng=np.random.default_rng([self._explore_seed, zlib.crc32(request.job_id.encode()), next_seq]),
+            input_range=InputRange(served.bundle, spec.num_workers, self.config.out_of_range_sd),
         )
         with self._lock:
             self._expire(now)
@@ -400,6 +409,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             out = policy_forward(
                 served.bundle, seen.obs, session.spec.num_workers, masks, self.config.explore, session.rng
             )
+        session.input_range.bundle = served.bundle  # the serving version's statistics
+        out_of_range = session.input_range.count(out.rows)
         new = step.act(out.actions, current).batches
         decision = pb.Decision(seq=seq, local_batch=new.tolist(), policy_version=served.version)
         session.last = decision
@@ -425,6 +436,7 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             "val_accuracy": float(report.val_accuracy),
             "wall_time_s": float(report.wall_time_s),
             "done": terminated or time_up,
+            "out_of_range": out_of_range,
         }
         self.log.append(record)
         self.stats["decisions"] += 1
@@ -450,8 +462,19 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             "tta_s": tta if math.isfinite(tta) else None,
             "reached": reached,
             "decisions": session.decisions,
+            "inputs_out_of_range": session.input_range.text(),
             "t": time.time(),
         }
+        mostly = session.input_range.entries(at_least=0.5)
+        if mostly:  # as PPOController warns for an in-process episode
+            log.warning(
+                "job %s: bundle %s read inputs %g+ standard deviations from its training mean at half its "
+                "decisions or more: %s; the policy extrapolates on this job",
+                session.job_id,
+                session.policy_name,
+                session.input_range.sd,
+                ", ".join(mostly),
+            )
         self.log.append(record)
         self.stats["jobs_ended"] += 1
         if self.learner is not None:

@@ -9,8 +9,10 @@ Records (``kind``):
     register  {job, session, task, workers, workload, bundle, version, next_seq, t}
     decision  {job, session, task, seq, version, t, obs (per-worker rows, rounded), action (indices),
                value, log_prob (per worker), reward (of the previous decision's interval),
-               val_accuracy, wall_time_s, done}
-    end       {job, session, task, version, tta_s, reached, decisions, t}
+               val_accuracy, wall_time_s, done, out_of_range (the inputs 6+ s.d. from the bundle's
+               training mean at this decision)}
+    end       {job, session, task, version, tta_s, reached, decisions, inputs_out_of_range
+               ("name (k of n); ...", most often first), t}
     promote / reject / rollback   {version, parent, ..., t}  (the learner's lineage events)
 """
 

@@ -88,6 +88,48 @@ def test_a_masked_scale_bundle_is_served_as_it_acts_in_process(tmp_path, split):
     assert any(not np.asarray(r["mask"], dtype=bool).all() for r in decisions)  # a bound was in play
 
 
+def test_the_service_reports_the_inputs_a_job_reads_out_of_range_as_the_controller_does(tmp_path, caplog):
+    """The universal bundle on the LM campaign's refit reads its progress gain far out of range (as
+    PPOController reports in-process): each decision record lists the inputs out at it, and the job's
+    end record totals them exactly as the in-process summary does; the service warns of those out at
+    half the decisions or more."""
+    from dynamix_gym.service.server import ServiceConfig
+    from sim.profile import load_profile
+
+    universal = load_bundle(UNIVERSAL_BUNDLE)
+    job = dict(profile=load_profile("results/deploy/lm_11/profile_refit"), scenario="static_hetero",
+               initial_batch=32, interval=20)  # fmt: skip
+    running = Running(universal, tmp_path / "t.jsonl", ServiceConfig(out_of_range_sd=3.0))
+    try:
+        ctl = RemoteController(running.address, token=TOKEN, job_id="lm", timeout_s=5.0)
+        env = HeteroClusterEnv(**job, action_mode="absolute")
+        with caplog.at_level("WARNING", logger="dynamix_gym.service.server"):
+            remote = run_episode(env, ctl, 0).summary
+            ctl.close(final_report=env.unwrapped.last_report)  # the job's end record
+    finally:
+        running.stop()
+    in_process = PPOController(bundle=universal, out_of_range_sd=3.0)
+    local = run_episode(
+        HeteroClusterEnv(**job, action_mode="scale", **in_process.env_options()), in_process, 0
+    )
+    records = list(read_log(running.log_path))
+    (end,) = [r for r in records if r["kind"] == "end"]
+    decisions = [r for r in records if r["kind"] == "decision"]
+    assert remote["time_to_accuracy_s"] == local.summary["time_to_accuracy_s"]
+    assert end["inputs_out_of_range"] == local.summary["inputs_out_of_range"]
+    assert end["inputs_out_of_range"].startswith("global.progress_gain (")
+    hits = sum("global.progress_gain" in r["out_of_range"] for r in decisions)
+    assert f"global.progress_gain ({hits} of {len(decisions)})" in end["inputs_out_of_range"]
+    # the warning names the inputs out at half the decisions or more (at 3 s.d., some are here)
+    mostly = [
+        e
+        for e in end["inputs_out_of_range"].split("; ")
+        if 2 * int(e.split(" (")[1].split(" ")[0]) >= len(decisions)
+    ]
+    (warned,) = [m for m in caplog.messages if m.startswith("job lm: bundle default read inputs 3+")]
+    assert mostly and warned.endswith(f"{', '.join(mostly)}; the policy extrapolates on this job")
+
+
 def test_training_goes_on_at_its_batches_when_the_service_is_down():
     job = JOBS[0]
     env = _env(job, "absolute")

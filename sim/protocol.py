@@ -34,6 +34,12 @@ MAX_WORKERS = 1024
 MAX_BATCH = 1 << 20
 
 
+#: Points of a spec's compute curve by default (log-spaced over each worker's batch range).
+COMPUTE_CURVE_POINTS = 9
+#: The most points a compute curve may have per worker.
+MAX_COMPUTE_CURVE_POINTS = 64
+
+
 def _worker(dtype: type, low: float | None = None, high: float | None = None) -> dict[str, Any]:
     """Metadata of a per-worker field (an array of shape (num_workers,)) of ``dtype``, allowed in
     [low, high] (``None``: no fixed range; ``local_batch``'s is the registered spec's)."""
@@ -293,17 +299,14 @@ class BackendSpec:
             )
         if self.compute_curve_s is not None:
             curve = np.asarray(self.compute_curve_s, dtype=np.float64)
-            if curve.ndim != 2 or curve.shape[0] != n or not 2 <= curve.shape[1] <= 64:
+            if curve.ndim != 2 or curve.shape[0] != n or not 2 <= curve.shape[1] <= MAX_COMPUTE_CURVE_POINTS:
                 raise ValueError(
-                    f"BackendSpec.compute_curve_s must have shape ({n}, G) with 2 <= G <= 64, got {curve.shape}"
+                    f"BackendSpec.compute_curve_s must have shape ({n}, G) with 2 <= G <= "
+                    f"{MAX_COMPUTE_CURVE_POINTS}, got {curve.shape}"
                 )
             if not np.all(np.isfinite(curve) & (curve > 0.0)):
                 raise ValueError("BackendSpec.compute_curve_s must be finite and > 0 (seconds per iteration)")
             object.__setattr__(self, "compute_curve_s", curve)
-
-
-#: Points of a spec's compute curve by default (log-spaced over each worker's batch range).
-COMPUTE_CURVE_POINTS = 9
 
 
 def compute_curve_batches(min_batch: np.ndarray, max_batch: np.ndarray, points: int) -> np.ndarray:

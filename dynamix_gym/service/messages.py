@@ -24,6 +24,7 @@ from sim.protocol import (
     FIELD_DTYPES,
     FIELD_RANGES,
     MAX_BATCH,
+    MAX_COMPUTE_CURVE_POINTS,
     MAX_WORKERS,
     SCALAR_FIELDS,
     WORKER_FIELDS,
@@ -102,6 +103,7 @@ def spec_to_proto(spec: BackendSpec) -> pb.ClusterSpec:
         time_budget_s=float(spec.time_budget_s) if math.isfinite(spec.time_budget_s) else 0.0,
         num_classes=int(spec.num_classes),
         lr_rule=spec.lr_rule,
+        compute_curve_s=[] if spec.compute_curve_s is None else spec.compute_curve_s.ravel().tolist(),
     )
 
 
@@ -166,6 +168,17 @@ def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
     lr_rule = msg.lr_rule or "adascale"
     if lr_rule not in LR_RULES:
         raise FieldError("spec.lr_rule", f"must be one of {list(LR_RULES)} (or empty: adascale)")
+    curve = None
+    if len(msg.compute_curve_s):  # workers x points, row-major; schema 4 reads it
+        points, rest = divmod(len(msg.compute_curve_s), n)
+        if rest or not 2 <= points <= MAX_COMPUTE_CURVE_POINTS:
+            raise FieldError(
+                "spec.compute_curve_s",
+                f"needs 2 to {MAX_COMPUTE_CURVE_POINTS} points per worker ({n} workers, row-major), got "
+                f"{len(msg.compute_curve_s)} values",
+            )
+        curve = np.asarray(msg.compute_curve_s, dtype=np.float64).reshape(n, points)
+        _in_range("spec.compute_curve_s", curve.ravel(), 1e-9, 1e6)
     return BackendSpec(
         gpu_types=tuple(msg.gpu_types),
         node_of_worker=tuple(int(x) for x in node),
@@ -179,6 +192,7 @@ def spec_from_proto(msg: pb.ClusterSpec, workload: str) -> BackendSpec:
         workload=workload or "user",
         deterministic=False,
         lr_rule=lr_rule,
+        compute_curve_s=curve,
     )
 
 

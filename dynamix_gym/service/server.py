@@ -255,7 +255,8 @@ class ArbitratorService(pb_grpc.ArbitratorServicer):
             if spec.compute_curve_s is None and meta.schema_version == SCHEMA_VERSION_V4:
                 raise BundleMismatchError(
                     f"bundle {served.name!r} reads observation schema 4 (each worker's compute curve, "
-                    "measured before the run), which a registration does not carry; serve a bundle of schema 1-3"
+                    "measured before the run), and the job registered none: register spec.compute_curve_s "
+                    "(experiments.deploy calibrate.quick=true measures it), or serve a bundle of schema 1-3"
                 )
             encoder = make_encoder(meta.schema_version, spec)
         except (FieldError, ValueError) as e:

@@ -56,9 +56,33 @@ def test_spec_round_trip(reports):
         assert getattr(back, name) == getattr(spec, name)
     none = dataclasses.replace(spec, lr_rule="none")
     assert spec_from_proto(spec_to_proto(none), "w").lr_rule == "none"
-    for name in ("min_batch", "max_batch", "initial_batch"):
+    for name in ("min_batch", "max_batch", "initial_batch", "compute_curve_s"):
         np.testing.assert_array_equal(getattr(back, name), getattr(spec, name))
+    assert back.compute_curve_s.shape == (6, 9)
+    bare = dataclasses.replace(spec, compute_curve_s=None)  # a client from before the field: no curve
+    assert spec_from_proto(spec_to_proto(bare), "w").compute_curve_s is None
     assert back.time_budget_s == spec.time_budget_s
+
+
+def test_a_malformed_compute_curve_is_refused_naming_the_field(reports):
+    spec, _ = reports
+    s = spec_to_proto(spec)
+    del s.compute_curve_s[-1]  # 53 values for 6 workers
+    with pytest.raises(
+        FieldError, match=r"spec\.compute_curve_s: needs 2 to 64 points per worker \(6 workers"
+    ):
+        spec_from_proto(s, "w")
+    s = spec_to_proto(spec)
+    del s.compute_curve_s[6:]  # one point per worker
+    with pytest.raises(FieldError, match=r"spec\.compute_curve_s: needs 2 to 64 points"):
+        spec_from_proto(s, "w")
+    for bad in (-1.0, 0.0, float("nan"), float("inf"), 1e7):
+        s = spec_to_proto(spec)
+        s.compute_curve_s[4] = bad
+        with pytest.raises(
+            FieldError, match=r"spec\.compute_curve_s: must (lie in \[1e-09, 1e\+06\]|be finite)"
+        ):
+            spec_from_proto(s, "w")
 
 
 def test_simulated_reports_pass_and_round_trip_whole(reports):

@@ -279,29 +279,42 @@ def test_a_job_registers_the_schema_its_policy_reads_and_a_mismatch_is_refused(r
         ArbitratorClient(running.address, token=TOKEN, obs_schema=5)
 
 
-def test_a_schema4_bundle_is_refused_at_registration_naming_the_curve(tmp_path):
-    """Schema 4 reads each worker's compute curve, which a registration does not carry: the job is
-    refused by name when it registers, not at its first decision."""
+def test_a_schema4_bundle_needs_the_jobs_compute_curve_in_its_registration(tmp_path):
+    """Schema 4 reads each worker's compute curve: a job that registers none is refused by name when
+    it registers (not at its first decision); one that registers it is served exactly as in-process."""
     from sb3_contrib import MaskablePPO
 
     from dynamix_gym.controllers.bundle import BundleMeta, save_bundle
     from dynamix_gym.envs.vec_env import PerWorkerVecEnv
 
     steps = [0.5, 1.0, 2.0]
-    make = lambda: HeteroClusterEnv(workers=2, obs_schema=4, action_mode="scale", action_set=steps)  # noqa: E731
+    job = dict(workers=3, scenario="throttle", max_decisions=6)
+    make = lambda: HeteroClusterEnv(**job, obs_schema=4, action_mode="scale", action_set=steps)  # noqa: E731
     model = MaskablePPO("MlpPolicy", PerWorkerVecEnv([make]), n_steps=8, batch_size=8, seed=0, device="cpu")
     meta = BundleMeta(obs_form="per_worker", action_set=steps, action_mode="scale", algorithm="maskable_ppo",
                       schema_version="4")  # fmt: skip
-    served = Running(load_bundle(save_bundle(tmp_path / "b4", model, meta, None)), tmp_path / "t.jsonl")
+    bundle = load_bundle(save_bundle(tmp_path / "b4", model, meta, None))
+    served = Running(bundle, tmp_path / "t.jsonl")
     try:
+        spec = make().backend.spec
         client = ArbitratorClient(served.address, token=TOKEN, job_id="s4", timeout_s=2.0)
         with pytest.raises(
             ArbitratorRefused, match=r"FAILED_PRECONDITION: bundle 'default' reads observation schema 4"
         ):
-            client.register(make().backend.spec, 50)
-        assert "does not carry" in client.last_error
+            client.register(dataclasses.replace(spec, compute_curve_s=None), 50)
+        assert "the job registered none: register spec.compute_curve_s" in client.last_error
+        ctl = RemoteController(served.address, token=TOKEN, job_id="s4c", timeout_s=5.0)
+        env = HeteroClusterEnv(**job, action_mode="absolute")
+        remote = run_episode(env, ctl, 3).summary
+        ctl.close(final_report=env.unwrapped.last_report)
     finally:
         served.stop()
+    in_process = PPOController(bundle=bundle)
+    local = run_episode(
+        HeteroClusterEnv(**job, action_mode="scale", **in_process.env_options()), in_process, 3
+    )
+    assert remote["decisions"] == local.summary["decisions"] == 6 and remote["batch_changes"] > 0
+    assert remote["total_time_s"] == local.summary["total_time_s"]
 
 
 def test_a_job_that_misses_its_target_is_scored_by_its_time_budget(running):

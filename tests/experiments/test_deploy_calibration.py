@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support import ROOT, run_python
+from support import ROOT, UNIVERSAL_BUNDLE, run_python
 
 from adapters.config import RealDDPConfig
 from dynamix_gym.backends.sim_backend import SimBackend
@@ -404,3 +404,52 @@ def test_deploy_calibrates_fine_tunes_and_runs_when_told_to_despite_drift(tmp_pa
     assert (out / "summary.csv").exists() and load_profile(out / REFIT_DIR).compute[KEY].exponent == 1.0
     finetuned = json.loads((out / "finetune.json").read_text())  # fine-tuned on the refit, then judged
     assert finetuned["profile"].endswith(REFIT_DIR) and len(finetuned["tta_s"]["finetuned"]) == 2
+
+
+def test_the_calibration_hands_the_ranks_the_compute_curve_it_measured(tmp_path):
+    """What observation schema 4 reads on real ranks: the refit's compute model of the ranks, set on the
+    backend's spec right after the ladder (DDPBackend.use_compute_profile), so the run encodes with it."""
+    from adapters.ddp_backend import DDPBackend
+    from sim.profile import profile_compute_curve
+
+    class Ranks(SimulatedRanks):
+        use_compute_profile = DDPBackend.use_compute_profile
+
+    stored = load_profile(PROFILE)
+    ranks = Ranks(_with_compute(stored, _line(alpha_s=4e-3, beta_s=6e-4)))  # twice the stored speed's cost
+    before = ranks.spec
+    quick_calibrate(ranks, stored, replace(FAST, refuse=False), tmp_path, seed=0, interval=K)
+    assert ranks.spec is not before and ranks.config.compute_profile == str(tmp_path / REFIT_DIR)
+    refit = load_profile(tmp_path / REFIT_DIR)
+    expected = profile_compute_curve(refit, before.gpu_types, before.min_batch, before.max_batch)
+    np.testing.assert_allclose(ranks.spec.compute_curve_s, expected)
+    # the measured curve, not the stored one: the refit follows the ranks' own (slower) steps
+    stored_curve = profile_compute_curve(stored, before.gpu_types, before.min_batch, before.max_batch)
+    assert np.all(ranks.spec.compute_curve_s[:, -1] > 1.5 * stored_curve[:, -1])
+
+
+def test_deploy_refuses_a_schema4_bundle_it_cannot_give_a_curve_before_any_rank_starts(tmp_path):
+    from sb3_contrib import MaskablePPO
+
+    from dynamix_gym import HeteroClusterEnv
+    from dynamix_gym.controllers.bundle import BundleMeta, PPOController, save_bundle
+    from dynamix_gym.envs.vec_env import PerWorkerVecEnv
+    from experiments.deploy import check_compute_curve
+
+    steps = [0.5, 1.0, 2.0]
+    make = lambda: HeteroClusterEnv(workers=2, obs_schema=4, action_mode="scale", action_set=steps)  # noqa: E731
+    model = MaskablePPO("MlpPolicy", PerWorkerVecEnv([make]), n_steps=8, batch_size=8, seed=0, device="cpu")
+    meta = BundleMeta(obs_form="per_worker", action_set=steps, action_mode="scale", algorithm="maskable_ppo",
+                      schema_version="4")  # fmt: skip
+    ctl = PPOController(save_bundle(tmp_path / "b4", model, meta, None))
+    with pytest.raises(
+        ValueError, match=r"schema 4 reads BackendSpec\.compute_curve_s.*set calibrate\.quick=true"
+    ):
+        check_compute_curve(ctl, False, {})
+    with pytest.raises(
+        ValueError, match=r"a resumed run is not calibrated again: give backend\.compute_profile"
+    ):
+        check_compute_curve(ctl, True, {"resume": True})
+    check_compute_curve(ctl, True, {})  # calibrated right before
+    check_compute_curve(ctl, False, {"compute_profile": str(PROFILE)})  # or given
+    check_compute_curve(PPOController(UNIVERSAL_BUNDLE), False, {})  # schema 3 reads no curve

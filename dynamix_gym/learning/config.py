@@ -66,6 +66,9 @@ class ExpertPretrainConfig:
     dagger_rounds: int = 0  # DAgger: the learner acts, the expert labels, retrain on everything
     dagger_episodes: int | None = None  # per round; None: ``episodes``
     episode_weighting: bool = False  # every episode one share of the loss, not every decision
+    # the observation normaliser's statistics over the expert's rows: every decision alike ("decision":
+    # long runs set them, and a short run's features land far out) or every episode alike ("episode")
+    obs_stats_weighting: str = "decision"
     cache_dir: str | None = None  # keep the expert's own rollouts there, keyed by what they depend on
     # Keep cloning during PPO: bc_steps minibatch steps of bc_coef x the cross-entropy after every
     # rollout (the DAPG-style augmented loss; 0: off), minibatches of bc_batch_size.
@@ -74,6 +77,10 @@ class ExpertPretrainConfig:
     bc_batch_size: int = 1024
 
     def __post_init__(self) -> None:
+        if self.obs_stats_weighting not in ("decision", "episode"):
+            raise ValueError(
+                f"expert_pretrain.obs_stats_weighting must be 'decision' or 'episode', got {self.obs_stats_weighting!r}"
+            )
         if not 0.0 <= float(self.bc_coef) <= 100.0:
             raise ValueError(f"expert_pretrain.bc_coef must lie in [0, 100], got {self.bc_coef}")
         if self.bc_coef > 0 and int(self.bc_steps) < 1:

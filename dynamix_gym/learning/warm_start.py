@@ -88,8 +88,14 @@ def warm_start(
     obs_fn = lambda x: x  # noqa: E731
     if isinstance(venv, VecNormalize):
         if venv.norm_obs and not keep_obs_stats:
-            venv.obs_rms.mean = data.obs.mean(axis=0).astype(np.float64)
-            venv.obs_rms.var = data.obs.var(axis=0).astype(np.float64)
+            if opts.obs_stats_weighting == "episode":  # every episode alike (a short run counts)
+                w = data.weights(per_episode=True)
+                mean = np.average(data.obs, axis=0, weights=w)
+                var = np.average((data.obs - mean) ** 2, axis=0, weights=w)
+            else:
+                mean, var = data.obs.mean(axis=0), data.obs.var(axis=0)
+            venv.obs_rms.mean = mean.astype(np.float64)
+            venv.obs_rms.var = var.astype(np.float64)
             venv.obs_rms.count = float(len(data.obs))
         if venv.norm_obs:
             obs_fn = venv.normalize_obs

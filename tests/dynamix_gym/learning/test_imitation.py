@@ -188,3 +188,42 @@ def test_no_dagger_round_starts_after_the_deadline(tmp_path):
     assert len(stats["dagger"]) == 2 and stats["stopped_by_wall_clock"] is False
     assert not np.array_equal(venv.obs_rms.mean, kept)  # a fresh policy's are the expert data's
     venv.close()
+
+
+def test_the_normaliser_can_weigh_every_episode_alike(tmp_path):
+    """``obs_stats_weighting=episode``: the observation statistics are the expert rows' averages with
+    each episode one share (a short run counts as much as a long one), against the plain per-decision
+    ones by default; a bad value is named."""
+    import pytest
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from dynamix_gym.learning.imitation import ExpertData
+    from dynamix_gym.learning.training import make_train_venv
+    from dynamix_gym.learning.warm_start import warm_start
+
+    stats = {}
+    for weighting in ("decision", "episode"):
+        cfg = _tiny(tmp_path, 0, {"n_steps": 64, "batch_size": 64}, episodes=3, epochs=1,
+                    cache_dir=str(tmp_path / "cache"), obs_stats_weighting=weighting)  # fmt: skip
+        venv = VecNormalize(make_train_venv(cfg))
+        model = PPO(
+            "MlpPolicy", venv, n_steps=64, batch_size=64, policy_kwargs={"net_arch": [8]}, device="cpu"
+        )
+        warm_start(cfg, model, venv)
+        stats[weighting] = venv.obs_rms.mean.copy(), venv.obs_rms.var.copy()
+        venv.close()
+    (cache,) = (tmp_path / "cache").glob("expert-*.npz")  # one collection: the weighting is not in its key
+    data = ExpertData.load(cache)
+    assert len(set(data.episode_decisions.tolist())) > 1  # episodes of different lengths
+    np.testing.assert_allclose(stats["decision"][0], data.obs.mean(axis=0))
+    w = 1.0 / data.episode_decisions
+    mean = (w[:, None] * data.obs).sum(axis=0) / w.sum()
+    np.testing.assert_allclose(stats["episode"][0], mean, rtol=1e-5, atol=1e-7)  # float32 rows
+    var = (w[:, None] * (data.obs - mean) ** 2).sum(axis=0) / w.sum()
+    np.testing.assert_allclose(stats["episode"][1], var, rtol=1e-5, atol=1e-7)  # float32 rows
+    assert not np.allclose(stats["episode"][0], stats["decision"][0])
+    with pytest.raises(
+        ValueError, match=r"expert_pretrain\.obs_stats_weighting must be 'decision' or 'episode'"
+    ):
+        _tiny(tmp_path, 0, {}, obs_stats_weighting="run")

@@ -331,12 +331,13 @@ class HindsightController(BaseController):
         backend = base.backend
         sim = getattr(backend, "sim", None)
         parts = {
-            # ``lr_rule`` is the simulator's (below, with its convergence model); left out here so
-            # that plans cached before the spec carried it keep their keys.
+            # ``lr_rule`` is the simulator's (below, with its convergence model) and ``compute_curve_s``
+            # is its compute model's (below); left out here so that plans cached before the spec carried
+            # them keep their keys.
             "spec": {
                 k: (v.tolist() if isinstance(v, np.ndarray) else v)
                 for k, v in vars(backend.spec).items()
-                if k != "lr_rule"
+                if k not in ("lr_rule", "compute_curve_s")
             },
             "interval": base.interval,
             "max_decisions": base.max_decisions,

@@ -339,12 +339,6 @@ class Simulator:
             return {}
         return {"knee_batch": self._knee_b.tolist(), "knee_beta_s": self._knee_beta.tolist()}
 
-    def nominal_compute_time_s(self, local_batches: np.ndarray) -> np.ndarray:
-        """Noise-free compute time per worker without faults (what a calibration before the run would
-        measure); ``local_batches``' last axis is the workers. Needs no reset."""
-        b = np.asarray(local_batches, dtype=np.float64)
-        return smooth_max(self._host, self._gpu_time_s(b), self._k)
-
     def compute_time_s(self, local_batches: np.ndarray) -> np.ndarray:
         """Noise-free compute time per worker at the current fault state (ground truth)."""
         self._require_reset()

@@ -11,6 +11,7 @@ from sim.cluster import ClusterSpec, default_cluster
 from sim.engine import Simulator, validation_sd
 from sim.faults import Scenario
 from sim.guards import Guard, GuardConfig, GuardedBackend
+from sim.hardware import smooth_max
 from sim.profile import ClusterProfile
 from sim.protocol import COMPUTE_CURVE_POINTS, BackendSpec, IntervalReport, compute_curve_batches
 from sim.workloads import Workload
@@ -221,4 +222,5 @@ def simulator_compute_curve(sim: Simulator, points: int = COMPUTE_CURVE_POINTS) 
     """(N, points) fault-free compute seconds per iteration of each worker at
     :func:`~sim.protocol.compute_curve_batches` (the simulator's :attr:`BackendSpec.compute_curve_s`)."""
     grid = compute_curve_batches(sim.min_batch, sim.max_batch, points)
-    return sim.nominal_compute_time_s(grid.T).T
+    # the compute model without fault slow-downs (what a calibration before the run measures)
+    return smooth_max(sim._host, sim._gpu_time_s(grid.T), sim._k).T

@@ -75,12 +75,12 @@ def controller_specs(
 ) -> list[dict[str, Any]]:
     """One spec per controller entry: its label, factory name and parameters, the local batch of its
     first interval (a static controller's own batch, else ``initial_batch``) and, for a static one,
-    that batch. PPO entries without a ``path`` get ``ppo_path``; with no bundle they are left out."""
+    that batch. PPO entries without a ``path`` get ``ppo_path``; with neither they are left out."""
     specs = []
     for entry in entries:
         name, kwargs, label = parse_controller(entry)
         if name == "ppo":
-            if ppo_path is None:
+            if ppo_path is None and "path" not in kwargs:
                 continue
             kwargs = {"path": ppo_path, **kwargs}
         static = name == "static"

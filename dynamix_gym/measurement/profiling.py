@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dynamix_gym.stats import NoiseScaleEstimator
+from dynamix_gym.stats import NoiseScaleEstimator, two_batch_estimates
 from sim.protocol import Backend, IntervalReport
 from sim.scaling import estimated_adascale_gain
 
@@ -348,7 +348,10 @@ def measure_curve(
 
     Progress counts ``estimated_adascale_gain`` per step with the noise scale estimated from the reports
     exactly as the real backend's learning-rate rule does (an EMA of the two-batch estimates of
-    the previous intervals, weight ``noise_smoothing``).
+    the previous intervals, weight ``noise_smoothing``). Each row records that EMA (``grad_sqr``,
+    ``grad_var``, ``noise_scale``) and the interval's own two-batch estimates (``grad_sqr_raw``,
+    ``grad_var_raw``: what the simulator's gradient statistics stand for, since an env smooths a
+    simulated report exactly as it smooths a real one).
     """
     spec = backend.spec
     n = spec.num_workers
@@ -364,6 +367,7 @@ def measure_curve(
             break
         gain = estimated_adascale_gain(float(batches.sum()), m0, est.noise_scale)
         report = backend.run_interval(batches, iterations)
+        raw = two_batch_estimates(report)
         est.update(report)
         alive = report.alive
         steps += iterations
@@ -381,6 +385,8 @@ def measure_curve(
                 "grad_sqr": g2,
                 "grad_var": tr / m0 if math.isfinite(tr) else math.nan,
                 "noise_scale": est.noise_scale if est.noise_scale is not None else math.nan,
+                "grad_sqr_raw": raw[0] if raw is not None else math.nan,
+                "grad_var_raw": raw[1] / m0 if raw is not None else math.nan,
                 "iteration_time_s": float(np.mean(report.iteration_time_s[alive])),
             }
         )

@@ -94,6 +94,13 @@ def _curves(conv: dict[str, Any] | None) -> list[str]:
         f"Accuracy RMSE {100 * conv['rmse_raw']:.2f} points over every measured point "
         f"({100 * conv['rmse_binned']:.2f} on the binned curves); by global batch: {by_batch}."
     )
+    stats = conv.get("grad_stats")
+    if stats is not None:
+        text += (
+            " Gradient statistics fitted to each interval's own two-batch estimates (`curves.grad_stats=raw`)."
+            if stats == "raw"
+            else " Gradient statistics fitted to the real estimator's moving average (`curves.grad_stats=ema`)."
+        )
     return section(
         "Convergence model from measured curves", [text], bullets(conv.get("notes", [])), bullets(steps)
     )

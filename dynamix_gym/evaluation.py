@@ -78,6 +78,10 @@ def timeline_row(
         row[f"w{i}_compute_time_s"] = float(report.compute_time_s[i])
         row[f"w{i}_idle_time_s"] = float(report.idle_time_s[i])
         row[f"w{i}_batch_accuracy"] = float(report.batch_accuracy[i])
+        # the interval's gradient-norm statistics, the inputs of the policies' gradient features (a
+        # real campaign's record of them is what the simulator's gradient model can be fitted to)
+        row[f"w{i}_grad_norm_mean"] = float(report.grad_norm_mean[i])
+        row[f"w{i}_grad_norm_var"] = float(report.grad_norm_var[i])
     if guard is not None:
         row.update({k: v for k, v in guard.items() if k != "guard_mode"})
         row["events"] = "; ".join(report.events)

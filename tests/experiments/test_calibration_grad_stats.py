@@ -82,3 +82,21 @@ def test_a_curve_run_records_each_intervals_own_estimates_beside_the_moving_aver
     backend.reset(seed=3)
     first = two_batch_estimates(backend.run_interval(np.full(backend.spec.num_workers, 64), 10))
     assert raw[0] == pytest.approx(first[0])
+
+
+def test_an_episode_timeline_records_each_workers_gradient_norm_statistics():
+    """A campaign's timelines keep what the policies' gradient features are computed from, so the
+    simulator's gradient model can be fitted to real runs later."""
+    from dynamix_gym.controllers import make_controller
+    from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
+    from dynamix_gym.evaluation import run_episode
+
+    env = HeteroClusterEnv(
+        cluster="t4v100", workload="ncf", scenario="static_hetero", interval=50, action_mode="absolute"
+    )
+    result = run_episode(env, make_controller("static", batch=64), seed=0, max_steps=3)
+    n = env.unwrapped.num_workers
+    for row in result.timeline:
+        means = [row[f"w{i}_grad_norm_mean"] for i in range(n)]
+        cvs = [np.sqrt(row[f"w{i}_grad_norm_var"]) / row[f"w{i}_grad_norm_mean"] for i in range(n)]
+        assert all(m > 0 for m in means) and all(0 < c < 1 for c in cvs)

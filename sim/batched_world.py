@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.convergence import ConvergenceModel
-from sim.engine import GRAD_NOISE_DOF, Simulator
+from sim.convergence import GRAD_NOISE_DOF, ConvergenceModel
+from sim.engine import Simulator
 from sim.scaling import LR_RULES
 
 #: lr_rule -> code in :attr:`ConvergenceTables.rule`.
@@ -62,6 +62,11 @@ class WorldArrays:
         if sim.progress_scale != 1.0:
             raise ValueError(
                 "the batched engine runs progress_scale 1.0 only (no elastic learning-rate scale)"
+            )
+        if sim.convergence.params.grad_norm_cv is not None:
+            raise ValueError(
+                f"workload {sim.convergence.params.name} has a fitted gradient spread (grad_norm_cv); the "
+                "batched engine draws the default spread only (GRAD_NOISE_DOF): run it on the SimPy engine"
             )
         self.sims[i] = sim
         self.num_workers[i] = n
@@ -237,5 +242,5 @@ class ConvergenceTables:
         return np.minimum(1.0, accuracy + self.train_gap[idx] * frac)
 
 
-#: Gamma draws of |g|^2: shape and scale (``sim.engine``: relative s.d. sqrt(2 / GRAD_NOISE_DOF)).
+#: Gamma draws of |g|^2: shape and scale (``sim.convergence``: relative s.d. sqrt(2 / GRAD_NOISE_DOF)).
 GRAD_GAMMA = (GRAD_NOISE_DOF / 2.0, 2.0 / GRAD_NOISE_DOF)

@@ -23,6 +23,15 @@ gradient statistics, the noise scale a controller reads and AdaScale's learning 
 byte-level LM: B_noise ~ 1 sample) barely raises its learning rate, and its estimate rises with
 the steps taken at every batch, yet a larger batch still takes fewer steps to the target.
 
+Within an interval a worker's squared gradient norm varies from iteration to iteration around
+E|g_b|^2 = |G|^2 + tr(Sigma)/b by a gamma factor of mean 1. Its shape is GRAD_NOISE_DOF / 2 (a
+relative s.d. of the norm of ~0.1, chosen when no data held it) unless the model carries a spread
+fitted to real ranks (``grad_norm_cv`` c, ``grad_norm_cv_exponent`` e; ``python -m
+experiments.fit_grad_spread``): then at local batch b the norm's coefficient of variation over the
+iterations is c (b / M0) ** e, and the shape is the one whose square root has that spread
+(:func:`gamma_shape_for_norm_cv`), and the all-reduced gradient's factor is the mean over the interval's
+iterations, as the ranks average it (:meth:`ConvergenceModel.global_grad_factor`).
+
 The statistics are held constant outside the fitted knots. r_ada lies in [1, M / M0] for M >= M0:
 a batch of M is worth at most M / M0 base steps, and at least one. Without learning-rate scaling
 (``none``) a larger batch only lowers the gradient noise of a base-LR step, so its gain is at most
@@ -55,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.interpolate import PchipInterpolator
+from scipy.special import gammaln
 
 from sim.datafiles import data_path, load_param_table
 from sim.scaling import (
@@ -76,6 +86,34 @@ _KNOT_FIELDS = ("progress_knots", "log_grad_sqr", "log_grad_var", "shape_x", "sh
 _TABLE_POINTS = 4096
 #: Future progress points at which :meth:`ConvergenceModel.progress_to_accuracy` reads a held batch.
 _HELD_POINTS = 1024
+#: Effective dimensionality of gradient noise of a model without a fitted spread: sets the
+#: iteration-to-iteration spread of |g|^2 (relative s.d. sqrt(2 / d); of the norm ~sqrt(1 / (2 d))).
+#: Not identifiable from the traces, which hold per-epoch means; real ranks' timelines hold it
+#: (``grad_norm_cv``).
+GRAD_NOISE_DOF = 50.0
+#: Coefficients of variation of the gradient norm a fitted spread may give, at any batch.
+GRAD_NORM_CV_RANGE = (0.01, 3.0)
+
+
+def norm_cv_of_gamma_shape(shape: np.ndarray | float) -> np.ndarray:
+    """Coefficient of variation of sqrt(X) for X ~ Gamma(shape, 1 / shape) (mean 1):
+    E sqrt(X) = Gamma(a + 1/2) / (Gamma(a) sqrt(a)), cv = sqrt(1 - E^2) / E."""
+    a = np.asarray(shape, dtype=np.float64)
+    log_mean_root = gammaln(a + 0.5) - gammaln(a) - 0.5 * np.log(a)
+    return np.sqrt(-np.expm1(2.0 * log_mean_root)) * np.exp(-log_mean_root)
+
+
+#: log shape -> log cv, decreasing: the table :func:`gamma_shape_for_norm_cv` inverts.
+_SHAPE_GRID = np.geomspace(1e-2, 1e5, 8192)
+_LOG_CV_GRID = np.log(norm_cv_of_gamma_shape(_SHAPE_GRID))
+
+
+def gamma_shape_for_norm_cv(cv: np.ndarray | float) -> np.ndarray:
+    """The gamma shape a (mean-1 factor of |g|^2) whose square root has coefficient of variation
+    ``cv`` (the inverse of :func:`norm_cv_of_gamma_shape`, log-interpolated; relative error < 1e-4
+    over :data:`GRAD_NORM_CV_RANGE`)."""
+    log_cv = np.log(np.asarray(cv, dtype=np.float64))
+    return np.exp(np.interp(-log_cv, -_LOG_CV_GRID, np.log(_SHAPE_GRID)))
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,10 @@ class ConvergenceParams:
     # statistics (and so AdaScale's estimator and the reports) give (fitted to steps to target)
     progress_noise_factor: float = field(default=1.0, repr=False)
     train_gap: float = 0.0  # training-batch accuracy above validation accuracy, at the end
+    # the gradient norm's coefficient of variation over an interval's iterations at local batch M0
+    # and its power in the local batch, fitted to real ranks (None: GRAD_NOISE_DOF)
+    grad_norm_cv: float | None = field(default=None, repr=False)
+    grad_norm_cv_exponent: float = field(default=0.0, repr=False)
     fit_rmse: float = float("nan")  # RMSE of accuracy over the traces, metric units
 
     def __post_init__(self) -> None:
@@ -138,6 +180,11 @@ class ConvergenceParams:
         check_range(f"{n}.lr_unstable_exponent", self.lr_unstable_exponent, 0.0, 10.0)
         check_range(f"{n}.progress_noise_factor", self.progress_noise_factor, 1.0, 1e4)
         check_range(f"{n}.train_gap", self.train_gap, 0.0, 1.0)
+        if self.grad_norm_cv is not None:
+            check_range(f"{n}.grad_norm_cv", self.grad_norm_cv, *GRAD_NORM_CV_RANGE)
+        elif self.grad_norm_cv_exponent != 0.0:
+            raise ValueError(f"{n}.grad_norm_cv_exponent needs grad_norm_cv (a fitted spread)")
+        check_range(f"{n}.grad_norm_cv_exponent", self.grad_norm_cv_exponent, -2.0, 2.0)
 
     def model_extras(self) -> dict[str, float]:
         """The fields outside the repr whose values differ from their defaults (they change the
@@ -228,6 +275,33 @@ class ConvergenceModel:
         g = math.exp(np.interp(progress, self._grid, self._log_sqr))
         v = math.exp(np.interp(progress, self._grid, self._log_var))
         return g, v
+
+    def grad_noise(self, rng: np.random.Generator, local_batch: np.ndarray, rows: int) -> np.ndarray:
+        """``rows`` x workers mean-1 gamma factors of each worker's |g|^2 at its ``local_batch``: shape
+        GRAD_NOISE_DOF / 2 everywhere, or the fitted spread's (see the module docstring)."""
+        p = self.params
+        if p.grad_norm_cv is None:
+            return rng.gamma(GRAD_NOISE_DOF / 2.0, 2.0 / GRAD_NOISE_DOF, (rows, len(local_batch)))
+        shape = gamma_shape_for_norm_cv(self.grad_norm_cv_at(local_batch))
+        return rng.gamma(shape, 1.0 / shape, (rows, len(local_batch)))
+
+    def global_grad_factor(self, factors: np.ndarray) -> float:
+        """The all-reduced gradient's |g|^2 factor over an interval, from :meth:`grad_noise`'s K + 1
+        rows: the last row's mean over the workers; with a fitted spread the mean over the first K
+        rows (the ranks report the all-reduced norm averaged over the interval's iterations, and one
+        row of a wide spread would give the noise estimate a scatter the ranks' does not have)."""
+        if self.params.grad_norm_cv is None:
+            return float(factors[-1].mean())
+        return float(factors[:-1].mean())
+
+    def grad_norm_cv_at(self, local_batch: np.ndarray) -> np.ndarray:
+        """The fitted spread's coefficient of variation of the gradient norm at ``local_batch``,
+        within :data:`GRAD_NORM_CV_RANGE` (the model gives no spread outside it)."""
+        p = self.params
+        if p.grad_norm_cv is None:
+            raise ValueError(f"{p.name} has no fitted gradient spread (grad_norm_cv)")
+        b = np.maximum(np.asarray(local_batch, dtype=np.float64), 1.0)
+        return np.clip(p.grad_norm_cv * (b / self.base_batch) ** p.grad_norm_cv_exponent, *GRAD_NORM_CV_RANGE)
 
     def noise_scale(self, progress: float) -> float:
         """B_noise = M0 * grad_var / grad_sqr at ``progress``."""

@@ -44,9 +44,6 @@ from sim.workloads import Workload, get_workload, min_local_batch
 
 log = logging.getLogger(__name__)
 
-#: Effective dimensionality of gradient noise: sets the iteration-to-iteration spread of |g|^2
-#: (relative s.d. sqrt(2 / d)). Not identifiable from the traces, which hold per-epoch means.
-GRAD_NOISE_DOF = 50.0
 #: Host memory a training process holds besides its input batches (framework, CUDA context), GiB.
 HOST_BASELINE_GIB = 3.0
 #: Batches the input pipeline keeps in flight (PyTorch DataLoader default prefetch of 2 x 1 worker).
@@ -406,7 +403,7 @@ class Simulator:
         sync_jitter = np.exp(cv * rng.standard_normal(k_iters) - 0.5 * cv**2)
         latency = rng.exponential(1.0, k_iters) * sc.network.latency_jitter_s
         noise = _Draws(
-            grad=rng.gamma(GRAD_NOISE_DOF / 2.0, 2.0 / GRAD_NOISE_DOF, (k_iters + 1, n)),
+            grad=conv.grad_noise(rng, b, k_iters + 1),
             meas=np.exp(sc.measurement_noise_cv * rng.standard_normal((5, n))),
             normal=rng.standard_normal(n + 1),
         )
@@ -528,7 +525,7 @@ class Simulator:
         sq = (g2 + v * m0 / b) * noise.grad[:k_iters]
         norms = np.sqrt(sq)
         gb = max(acc.global_batch, 1)
-        global_sqr = float((g2 + v * m0 / gb) * noise.grad[k_iters].mean())
+        global_sqr = float((g2 + v * m0 / gb) * conv.global_grad_factor(noise.grad))
 
         new_events = st.log[self._log_cursor :]
         self._log_cursor = len(st.log)

@@ -96,6 +96,9 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     # the profile's convergence model refitted from the curves it measured, measuring nothing
     models = prof / "convergence_models.json"
     name_before = json.loads(models.read_text())["models"][0]["name"]
+    doc = json.loads(models.read_text())  # a gradient spread fitted to real ranks (fit_grad_spread) stays
+    doc["models"][0] |= {"grad_norm_cv": 0.3, "grad_norm_cv_exponent": 0.1}
+    models.write_text(json.dumps(doc))
     proc = _run("experiments.calibrate", f"out_dir={prof}", "refit_convergence=true")
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((prof / "profile.json").read_text())
@@ -103,5 +106,6 @@ def test_fidelity_report_from_a_small_calibrated_profile(tmp_path):
     refitted = models.read_text()
     assert "progress_noise_factor" in refitted
     assert json.loads(refitted)["models"][0]["name"] == name_before
+    assert json.loads(refitted)["models"][0]["grad_norm_cv"] == 0.3
     proc = _run("experiments.calibrate", f"out_dir={tmp_path / 'nowhere'}", "refit_convergence=true")
     assert proc.returncode != 0 and "no profile in" in proc.stderr

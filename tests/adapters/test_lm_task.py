@@ -200,6 +200,11 @@ def test_the_calibrate_and_fidelity_presets_of_the_lm_compose():
     assert cal.real.dataset == "pystdlib" and cal.out_dir == "results/lm/profile"
     fid = _compose("fidelity", ["+fidelity_preset=lm"])
     assert fid.profile == cal.out_dir
+    cnn = _compose("fidelity", ["+fidelity_preset=deploy_cnn_cost_ep"])  # CNN 16's campaign
+    assert cnn.finetune == [] and [c.get("label") for c in cnn.controllers][2:] == [
+        "universal-cost",
+        "universal-cost-ep",
+    ]
     ep = _compose("fidelity", ["+fidelity_preset=deploy_lm_cost_ep"])  # LM 18's campaign
     assert ep.finetune == [] and [c.get("label") for c in ep.controllers][2:] == [
         "universal-cost",

@@ -34,7 +34,13 @@ from scipy.stats import linregress
 
 from experiments.common import atomic_write_text
 from experiments.reports.markdown import overrides_text, table
-from sim.convergence import GRAD_NORM_CV_RANGE, ConvergenceModel, ConvergenceParams
+from sim.convergence import (
+    GRAD_NORM_CV_RANGE,
+    GRAD_SPREAD_FIELDS,
+    ConvergenceModel,
+    ConvergenceParams,
+    gamma_shape_for_norm_cv,
+)
 from sim.datafiles import dump_json
 from sim.profile import CONVERGENCE_FILE, PROFILE_FILE, load_profile
 from sim.validation import check_int
@@ -42,8 +48,6 @@ from sim.validation import check_int
 log = logging.getLogger(__name__)
 
 COMMAND = "python -m experiments.fit_grad_spread"
-#: The convergence model's fields the fit sets (a refit of the rest carries them over).
-SPREAD_FIELDS = ("grad_norm_cv", "grad_norm_cv_exponent")
 #: Batch bins of the report's table (local batch, upper edges).
 BINS = (10, 20, 40, 80, 100_000)
 
@@ -94,8 +98,6 @@ def interval_iterations(paths: list[Path], given: int | None) -> int:
 def estimator_bias(cv: float, iterations: int, rng: np.random.Generator, draws: int = 20_000) -> float:
     """exp(E log(sample cv / cv)): the K-sample estimate's log bias at spread ``cv`` (ddof 0, as both
     backends report it), by Monte Carlo with the simulator's gamma factors."""
-    from sim.convergence import gamma_shape_for_norm_cv
-
     a = float(gamma_shape_for_norm_cv(cv))
     norms = np.sqrt(rng.gamma(a, 1.0 / a, (draws, iterations)))
     return float(np.exp(np.mean(np.log(norms.std(axis=1) / norms.mean(axis=1) / cv))))
@@ -206,7 +208,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         )
     model = ConvergenceModel(profile.convergence_params(name))
     base = model.base_batch
-    real = intervals(tl, "real", skip)
+    every_real = intervals(tl, "real", 0)
+    real = every_real[every_real.k >= skip]
     if len(real) < 10:
         raise ValueError(
             f"{len(real)} real intervals with gradient statistics after skip_first={skip}: need >= 10"
@@ -215,10 +218,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     rng = np.random.default_rng(int(cfg.seed))
     fit = fit_spread(real, base, k_iters, rng)
     fit.update(held_out(real, base, folds))
-    fitted = ConvergenceModel(replace(model.params, **{f: fit[f] for f in SPREAD_FIELDS}))
+    fitted = ConvergenceModel(replace(model.params, **{f: fit[f] for f in GRAD_SPREAD_FIELDS}))
     sim = intervals(tl, "sim", skip) if (tl.backend == "sim").any() else real.iloc[:0]
-    first_real = intervals(tl[tl.backend == "real"], "real", 0)
-    first_real = first_real[first_real.k == 0]
+    first_real = every_real[every_real.k == 0]
     fit.update({
         "workload": name, "base_batch": base, "iterations_per_interval": k_iters, "skip_first": skip,
         "intervals": len(real), "runs": int(real.groupby(["controller", "seed"]).ngroups),
@@ -227,8 +229,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })  # fmt: skip
     text = report(fit, by_batch(real, sim, fitted, fit))  # everything computed before anything is written
-    before = write_model(out, name, {f: fit[f] for f in SPREAD_FIELDS})
-    fit["before"] = {f: before.get(f) for f in SPREAD_FIELDS}
+    before = write_model(out, name, {f: fit[f] for f in GRAD_SPREAD_FIELDS})
+    fit["before"] = {f: before.get(f) for f in GRAD_SPREAD_FIELDS}
     atomic_write_text(out / "grad_spread.json", dump_json(fit))
     atomic_write_text(out / "grad_spread.md", text)
     doc = json.loads((out / PROFILE_FILE).read_text())

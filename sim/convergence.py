@@ -91,6 +91,9 @@ _HELD_POINTS = 1024
 #: Not identifiable from the traces, which hold per-epoch means; real ranks' timelines hold it
 #: (``grad_norm_cv``).
 GRAD_NOISE_DOF = 50.0
+#: The fields of a gradient spread fitted to real ranks (``experiments.fit_grad_spread``), which a
+#: refit of the rest of the model keeps.
+GRAD_SPREAD_FIELDS = ("grad_norm_cv", "grad_norm_cv_exponent")
 #: Coefficients of variation of the gradient norm a fitted spread may give, at any batch.
 GRAD_NORM_CV_RANGE = (0.01, 3.0)
 

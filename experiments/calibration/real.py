@@ -373,6 +373,7 @@ def refit_convergence_dir(cfg: DictConfig, out: Path) -> dict[str, Any]:
     import json
     from types import SimpleNamespace
 
+    from sim.convergence import GRAD_SPREAD_FIELDS
     from sim.datafiles import dump_json
     from sim.profile import CONVERGENCE_FILE, PROFILE_FILE, load_profile
 
@@ -395,8 +396,10 @@ def refit_convergence_dir(cfg: DictConfig, out: Path) -> dict[str, Any]:
         raise ValueError(f"{curves_csv}: {notes[-1]}")
     # a gradient spread fitted to real ranks (experiments.fit_grad_spread) is not the curves' to refit
     kept = {r["name"]: r for r in json.loads((out / CONVERGENCE_FILE).read_text())["models"]}
-    spread = ("grad_norm_cv", "grad_norm_cv_exponent")
-    params = [replace(p, **{f: kept[p.name][f] for f in spread if f in kept.get(p.name, {})}) for p in params]
+    params = [
+        replace(p, **{f: kept[p.name][f] for f in GRAD_SPREAD_FIELDS if f in kept.get(p.name, {})})
+        for p in params
+    ]
     atomic_write_text(
         out / CONVERGENCE_FILE,
         dump_json({"generated_by": "python -m experiments.calibrate refit_convergence=true",

@@ -174,6 +174,11 @@ class DDPBackend(BackendState):
         self._reset_done = False
         self.train_size = 0
 
+    @property
+    def resuming(self) -> bool:
+        """Whether the next :meth:`reset` continues from a checkpoint (at its batches)."""
+        return self._resume_from is not None
+
     def use_compute_profile(self, ref: str | PathLike) -> None:
         """Carry the compute curve of ``ref``'s compute model of these ranks in the spec
         (:attr:`~sim.protocol.BackendSpec.compute_curve_s`, read by observation schema 4): the quick

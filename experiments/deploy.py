@@ -65,7 +65,9 @@ ARBITRATOR_KWARGS = (
 
 class ResumableController(BaseController):
     """Wraps a controller so that its state is checkpointed with the run and restored on resume; of
-    the hooks it forwards :meth:`episode_summary` (the others keep their defaults)."""
+    the hooks it forwards :meth:`episode_summary` and :meth:`initial_batches` (a fine-tuned bundle's
+    opening; not on a resumed run, which continues at its checkpoint's batches); the others keep
+    their defaults."""
 
     def __init__(self, inner: Any, backend: DDPBackend) -> None:
         self.inner = inner
@@ -84,6 +86,11 @@ class ResumableController(BaseController):
 
     def predict(self, observation, info, deterministic: bool = True):
         return self.inner.predict(observation, info, deterministic)
+
+    def initial_batches(self, spec) -> np.ndarray | None:
+        if self.backend.resuming:
+            return None
+        return hooks(self.inner).initial_batches(spec)
 
     @property
     def last_without_policy(self) -> bool:
@@ -156,8 +163,21 @@ def deploy(cfg: DictConfig, out_dir: str | Path | None = None) -> float:
             )
         if finetune and record is not None:  # (a resumed run keeps the policy it started with)
             refit = out / REFIT_DIR
+            first = np.unique(backend.spec.initial_batch)  # the job's own opening, one batch on every rank
+            if len(first) > 1 and finetuning.opening == "refit":
+                log.warning(
+                    "the ranks start at different batches %s: the job's opening is kept", first.tolist()
+                )
             controller, _ = finetune_in_refit(
-                controller, refit, specs["scenario"], int(cfg.env.interval), finetuning, out, int(cfg.seed)
+                controller,
+                refit,
+                specs["scenario"],
+                int(cfg.env.interval),
+                finetuning,
+                out,
+                int(cfg.seed),
+                job_batch=int(first[0]) if len(first) == 1 else None,
+                ladder=tuple(calibration.batches),
             )
         wrapped = ResumableController(controller, backend)
         result = run_episode(env, wrapped, int(cfg.seed), scenario=specs["scenario"].name)

@@ -24,6 +24,16 @@ bundle is kept only if its mean score there (its time to accuracy, the time budg
 the target) is lower than the bundle's; else the deploy runs the bundle as it came. ``finetune.json``
 in the run dir holds both scores per seed and the verdict; the fine-tuned bundle stays in
 ``finetune/policy``.
+
+The opening (``finetuning.opening``): the first interval runs at one batch before any decision, and
+the job's own batch may be far from a good one (on the real language model a first interval at 32
+per rank costs three times one at 8). With ``refit`` (the default) the expert's mean score in the
+refit on ``finetuning.opening_seeds`` (disjoint from the held-out ones) is taken from each candidate
+local batch (the quick calibration's ladder batches, which the refit has just measured, and the
+job's); the fine-tune's worlds start at the best (the job's batch unless another is strictly
+faster), the fine-tuned bundle is scored from there against the bundle from the job's batch, and when
+kept it is deployed with that opening (:attr:`~dynamix_gym.controllers.bundle.PPOController.opening`).
+``job`` keeps the job's batch. Either way the bundle as it came is deployed from the job's batch.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ RUN_DIR = "finetune"
 
 
 METHODS = ("imitate", "ppo")
+#: ``finetuning.opening``: where the first interval's batch comes from (module docstring).
+OPENINGS = ("refit", "job")
 
 
 def _whole(value: Any, low: int, high: int) -> bool:
@@ -73,6 +85,8 @@ class Finetuning:
     epochs: int = 20  # cloning epochs on the expert's episodes (half as many after each round)
     domain: dict[str, Any] = field(default_factory=dict)  # DomainRandomization fields over the default worlds
     seeds: tuple[int, ...] = (2000, 2001, 2002, 2003, 2004, 2005)
+    opening: str = "refit"
+    opening_seeds: tuple[int, ...] = (3000, 3001, 3002, 3003, 3004, 3005)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -100,18 +114,27 @@ class Finetuning:
             raise ValueError(
                 f"finetuning.domain must be a mapping of DomainRandomization fields, got {self.domain!r}"
             )
-        if not 1 <= len(set(self.seeds)) <= 100 or any(
-            isinstance(s, bool) or not isinstance(s, int) for s in self.seeds
-        ):
+        for name in ("seeds", "opening_seeds"):
+            seeds = getattr(self, name)
+            if not 1 <= len(set(seeds)) <= 100 or any(
+                isinstance(s, bool) or not isinstance(s, int) for s in seeds
+            ):
+                raise ValueError(
+                    f"finetuning.{name} must list 1-100 distinct integer seeds, got {list(seeds)}"
+                )
+        if set(self.seeds) & set(self.opening_seeds):
             raise ValueError(
-                f"finetuning.seeds must list 1-100 distinct integer seeds, got {list(self.seeds)}"
+                f"finetuning.opening_seeds must differ from finetuning.seeds (held out for the verdict): "
+                f"both hold {sorted(set(self.seeds) & set(self.opening_seeds))}"
             )
+        if self.opening not in OPENINGS:
+            raise ValueError(f"finetuning.opening must be one of {list(OPENINGS)}, got {self.opening!r}")
         if not isinstance(self.progress, bool):
             raise ValueError(f"finetuning.progress must be true or false, got {self.progress!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> Finetuning:
-        return settings(cls, node, "finetuning", sequences=("seeds",))
+        return settings(cls, node, "finetuning", sequences=("seeds", "opening_seeds"))
 
 
 def check_finetune(controller: Any, calibrating: bool) -> PPOController:
@@ -163,11 +186,13 @@ def train_config(
     seed: int,
     interval: int,
     scale_s: float,
+    opening: int | None = None,
 ) -> TrainConfig:
     """The bundle's own training config (its policy, PPO and reward settings), in the refit's worlds
-    (:func:`finetune_domain`) at the deploy's ``interval``, fine-tuning from it as ``settings.method``
-    says, bounded by ``settings.max_s`` (no checkpoints to resume; validated on one seed of those
-    worlds at the start and the end)."""
+    (:func:`finetune_domain`) at the deploy's ``interval``, each starting at local batch ``opening``
+    (None: the refit's initial batch), fine-tuning from it as ``settings.method`` says, bounded by
+    ``settings.max_s`` (no checkpoints to resume; validated on one seed of those worlds at the start
+    and the end)."""
     cfg = dict(bundle.meta.config or {})
     names = {f.name for f in fields(TrainConfig)}
     kwargs = {k: v for k, v in cfg.items() if k in names}
@@ -180,6 +205,7 @@ def train_config(
     ppo = {k: v for k, v in (kwargs.get("ppo") or {}).items() if k in FINETUNE_PPO_KEYS}
     workers = load_profile(refit_dir).cluster.num_workers
     imitate = settings.method == "imitate"
+    env = {k: v for k, v in (kwargs.get("env") or {}).items() if k not in ("split", "split_tolerance")}
     kwargs.update(
         run_dir=str(run_dir),
         seed=int(seed),
@@ -191,9 +217,14 @@ def train_config(
         # the split the bundle is deployed under (its meta, set by finetune_from), not the one its
         # weights were trained under (bundle.json's config; they differ for a re-deployed bundle)
         env={
-            **{k: v for k, v in (kwargs.get("env") or {}).items() if k not in ("split", "split_tolerance")},
+            **env,
             **({"reward": cfg["reward"]} if "reward" in cfg else {}),
             "interval": int(interval),
+            **(
+                {}
+                if opening is None
+                else {"sim_kwargs": {**(env.get("sim_kwargs") or {}), "initial_batch": int(opening)}}
+            ),
         },
         ppo={**ppo, "learning_rate": float(settings.learning_rate)},
         total_timesteps=int(settings.timesteps),
@@ -225,11 +256,17 @@ def train_config(
 
 
 def held_out_tta(
-    controller: PPOController, refit_dir: Path, scenario: Any, interval: int, seeds: tuple[int, ...]
+    controller: Any,
+    refit_dir: Path,
+    scenario: Any,
+    interval: int,
+    seeds: tuple[int, ...],
+    initial_batch: int | None = None,
 ) -> list[float]:
-    """Per seed: the score of ``controller`` in the refitted simulator under ``scenario``: its time
-    to accuracy, or the time budget when it misses the target (the benchmark's one score,
-    :func:`dynamix_gym.benchmark.scoring.run_score_s`)."""
+    """Per seed: the score of ``controller`` in the refitted simulator under ``scenario``, its
+    first interval at local batch ``initial_batch`` (None: the refit's; a controller's own opening
+    wins): its time to accuracy, or the time budget when it misses the target (the benchmark's one
+    score, :func:`dynamix_gym.benchmark.scoring.run_score_s`)."""
     profile = load_profile(refit_dir)
     out = []
     for seed in seeds:
@@ -238,6 +275,7 @@ def held_out_tta(
             scenario=scenario,
             interval=interval,
             action_mode=controller.action_mode,
+            initial_batch=initial_batch,
             **env_options(controller),
         )
         try:
@@ -250,6 +288,46 @@ def held_out_tta(
     return out
 
 
+def opening_candidates(refit_dir: Path, job_batch: int, ladder: tuple[int, ...]) -> list[int]:
+    """The local batches an opening may take: the job's first, then the ladder's that every worker
+    of the refit may run (sorted)."""
+    spec = HeteroClusterEnv(profile=load_profile(refit_dir)).backend.spec
+    lo, hi = int(np.max(spec.min_batch)), int(np.min(spec.max_batch))
+    if not lo <= int(job_batch) <= hi:
+        raise ValueError(f"the job's local batch {job_batch} lies outside the refit's range [{lo}, {hi}]")
+    return [int(job_batch), *sorted({int(b) for b in ladder if lo <= int(b) <= hi} - {int(job_batch)})]
+
+
+def choose_opening(
+    expert: Any,
+    refit_dir: Path,
+    scenario: Any,
+    interval: int,
+    seeds: tuple[int, ...],
+    candidates: list[int],
+) -> dict[str, Any]:
+    """The expert's mean score in the refit from each candidate opening (``candidates[0]``, the
+    job's batch, first) on ``seeds``; the chosen one is the job's unless another is strictly faster."""
+    scores = {
+        b: float(np.mean(held_out_tta(expert, refit_dir, scenario, interval, seeds, b))) for b in candidates
+    }
+    job = candidates[0]
+    best = min(candidates, key=lambda b: (scores[b], b != job))
+    return {
+        "job": job,
+        "chosen": best,
+        "expert_mean_tta_s": {str(b): scores[b] for b in candidates},
+        "seeds": list(seeds),
+    }
+
+
+def _expert_controller(bundle: Any) -> Any:
+    from dynamix_gym.controllers.registry import make_controller
+
+    ex = expert_of(bundle)
+    return make_controller(ex["expert"], **ex["expert_kwargs"])
+
+
 def finetune_in_refit(
     controller: PPOController,
     refit_dir: Path,
@@ -258,18 +336,37 @@ def finetune_in_refit(
     settings: Finetuning,
     out: Path,
     seed: int,
+    job_batch: int | None = None,
+    ladder: tuple[int, ...] = (),
 ) -> tuple[PPOController, dict[str, Any]]:
     """Fine-tune, score both bundles on the held-out seeds, and return the controller to deploy
-    (the fine-tuned one only if it is faster there) with the record written to ``out/finetune.json``."""
+    (the fine-tuned one only if it is faster there, with its opening) with the record written to
+    ``out/finetune.json``. ``job_batch``: the job's own first-interval local batch (None: the
+    refit's, and no opening is chosen); ``ladder``: the quick calibration's batches, the openings
+    ``finetuning.opening=refit`` considers besides the job's."""
     bundle = controller.bundle
-    if int(seed) in set(settings.seeds):
+    if int(seed) in set(settings.seeds) | set(settings.opening_seeds):
         raise ValueError(
-            f"seed {seed} is one of finetuning.seeds (held out): the fine-tune's seed must differ"
+            f"seed {seed} is one of finetuning.seeds or finetuning.opening_seeds (held out): the "
+            "fine-tune's seed must differ"
         )
+    opening = None
+    if settings.opening == "refit" and job_batch is not None:
+        candidates = opening_candidates(refit_dir, int(job_batch), tuple(ladder))
+        opening = choose_opening(
+            _expert_controller(bundle), refit_dir, scenario, interval, settings.opening_seeds, candidates
+        )
+        log.info(
+            "opening: the expert's mean time to accuracy in the refit from local batch %s: %s; the fine-tune starts at %d",
+            ", ".join(opening["expert_mean_tta_s"]),
+            ", ".join(f"{v:.2f} s" for v in opening["expert_mean_tta_s"].values()),
+            opening["chosen"],
+        )
+    start = None if opening is None else int(opening["chosen"])
     # the time scale of the job's episode: the bundle's own run of the deploy's scenario at the
     # fine-tune's seed (not a held-out one)
-    scale_s = held_out_tta(controller, refit_dir, scenario, interval, (int(seed),))[0]
-    cfg = train_config(bundle, refit_dir, settings, out / RUN_DIR, seed, interval, scale_s)
+    scale_s = held_out_tta(controller, refit_dir, scenario, interval, (int(seed),), job_batch)[0]
+    cfg = train_config(bundle, refit_dir, settings, out / RUN_DIR, seed, interval, scale_s, start)
     log.info(
         "fine-tuning %s in the refitted simulator (%s) for at most %.0f s",
         shown(bundle.path),
@@ -286,10 +383,15 @@ def finetune_in_refit(
             "reward": (bundle.meta.config or {}).get("reward"),
         },
     )
-    tuned = PPOController(bundle=load_bundle(result["final_bundle"]))
-    before = held_out_tta(controller, refit_dir, scenario, interval, settings.seeds)
-    after = held_out_tta(tuned, refit_dir, scenario, interval, settings.seeds)
+    tuned = PPOController(
+        bundle=load_bundle(result["final_bundle"]),
+        opening=None if start is None or start == job_batch else start,
+    )
+    before = held_out_tta(controller, refit_dir, scenario, interval, settings.seeds, job_batch)
+    after = held_out_tta(tuned, refit_dir, scenario, interval, settings.seeds, job_batch)
     kept = float(np.mean(after)) < float(np.mean(before))
+    if opening is not None:
+        opening["applied"] = bool(kept and tuned.opening is not None)
     record = {
         "bundle": shown(bundle.path),
         "finetuned": shown(result["final_bundle"]),
@@ -307,6 +409,7 @@ def finetune_in_refit(
         },
         "max_s": settings.max_s,
         "kept": kept,
+        "opening": opening,
     }
     atomic_write_text(out / RECORD_FILE, dump_json(record))
     log.info(

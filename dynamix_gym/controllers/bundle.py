@@ -218,6 +218,10 @@ class PPOController(BaseController):
         out_of_range_sd: an input whose normalised value lies this many standard deviations or more
             from the bundle's training mean is counted as out of range at that decision (the episode's
             summary lists them, ``inputs_out_of_range``; at most the normaliser's clip, 10).
+        opening: every worker's local batch in the warm-up interval, before the policy's first
+            decision (``None``, the default: the backend's initial batch, the job's own). ``deploy
+            finetune=true`` sets it when the fine-tune chose an opening in the refitted simulator
+            (:mod:`experiments.deploy_finetune`); a batch outside a worker's range is refused at reset.
     """
 
     name: ClassVar[str] = "ppo"
@@ -232,8 +236,16 @@ class PPOController(BaseController):
         split: str | None = None,
         split_tolerance: float | None = None,
         out_of_range_sd: float = 6.0,
+        opening: int | None = None,
     ):
         self.out_of_range_sd = check_range("out_of_range_sd", out_of_range_sd, 0.0, low_open=True)
+        if opening is not None and (
+            isinstance(opening, bool) or not isinstance(opening, int | np.integer) or opening < 1
+        ):
+            raise ValueError(
+                f"opening (the warm-up interval's local batch) must be an integer >= 1 or None, got {opening!r}"
+            )
+        self.opening = None if opening is None else int(opening)
         if bundle is None:
             if path is None:
                 raise ValueError("PPOController needs a bundle path (controller.path=<bundle dir>)")
@@ -268,6 +280,18 @@ class PPOController(BaseController):
         if self.split != "policy":  # envs that predate the split take no such argument
             out.update(split=self.split, split_tolerance=self.split_tolerance)
         return out
+
+    def initial_batches(self, spec: BackendSpec) -> np.ndarray | None:
+        """The warm-up interval's local batches: ``opening`` on every worker, or None (the backend's)."""
+        if self.opening is None:
+            return None
+        lo, hi = np.asarray(spec.min_batch), np.asarray(spec.max_batch)
+        if np.any(self.opening < lo) or np.any(self.opening > hi):
+            raise ValueError(
+                f"opening {self.opening} lies outside the workers' local batch range "
+                f"[{int(lo.max())}, {int(hi.min())}]"
+            )
+        return np.full(spec.num_workers, self.opening, dtype=np.int64)
 
     def check_env(self, env) -> None:
         """Refuse an env whose observation schema, action mode or action set differs from the

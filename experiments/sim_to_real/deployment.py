@@ -56,10 +56,22 @@ def finetune_labels(value: Any, specs: Sequence[dict[str, Any]]) -> list[str]:
     return labels
 
 
+def _opening(rec: dict[str, Any], default: int) -> int:
+    """The first interval's local batch of a kept fine-tune: its opening when one was applied."""
+    op = rec.get("opening") or {}
+    return int(op["chosen"]) if op.get("applied") else int(default)
+
+
 def with_finetuned(specs: list[dict[str, Any]], finetuned: dict[str, Any]) -> list[dict[str, Any]]:
-    """``specs`` and, per kept fine-tuning record (label -> record), its ``<label>-ft`` spec."""
+    """``specs`` and, per kept fine-tuning record (label -> record), its ``<label>-ft`` spec (at
+    the opening the fine-tune chose, when it applied one)."""
     return specs + [
-        {**sp, "label": f"{lab}-ft", "kwargs": {**sp["kwargs"], "path": rec["finetuned"]}}
+        {
+            **sp,
+            "label": f"{lab}-ft",
+            "kwargs": {**sp["kwargs"], "path": rec["finetuned"]},
+            "initial_batch": _opening(rec, sp["initial_batch"]),
+        }
         for lab, rec in finetuned.items()
         if rec["kept"]
         for sp in specs
@@ -128,6 +140,8 @@ def calibrate_and_finetune(
             finetuning,
             out / FINETUNE_DIR.format(lab),
             int(cfg.get("seed", 0)),
+            job_batch=int(sp["initial_batch"]),
+            ladder=tuple(calibration.batches),
         )
         record["finetune"][lab] = rec
         if not rec["kept"]:
@@ -252,6 +266,7 @@ def deployment_summary(
                 "seconds": rec["train"].get("seconds") or rec["train"]["train_seconds"],
                 "imitation": _imitation_brief(rec["train"].get("imitation")),
                 "finetuned": rec["finetuned"],
+                "opening": rec.get("opening"),
             }
             for lab, rec in record.get("finetune", {}).items()
         },
@@ -321,8 +336,16 @@ def deployment_lines(d: dict[str, Any] | None) -> list[str]:
                 f"DAgger from its weights with the {im['expert']} expert: {im['episodes']} episodes, "
                 f"{im['dagger_rounds']} rounds, {im['action_agreement']:.0%} agreement; then {how}"
             )
+        op = ft.get("opening")
+        opened = ""
+        if op:
+            tried = ", ".join(f"{b}: {v:.2f} s" for b, v in op["expert_mean_tta_s"].items())
+            opened = (
+                f"; opening chosen in the refit by the expert's mean time to accuracy from each local batch ({tried}): "
+                f"{op['chosen']}" + ("" if op["applied"] else f" (not applied: the job's {op['job']} stays)")
+            )
         out.append(
-            f"- Fine-tuned {lab} in the refit ({how}; {ft['seconds']:.0f} s): mean time "
+            f"- Fine-tuned {lab} in the refit ({how}; {ft['seconds']:.0f} s{opened}): mean time "
             f"to accuracy on held-out simulated seeds {m['finetuned']:.2f} s vs the bundle's {m['bundle']:.2f} s: "
             + (
                 f"kept ({shown(Path(ft['finetuned']))}), run as {lab}-ft"

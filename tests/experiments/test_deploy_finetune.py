@@ -50,6 +50,12 @@ def refit(tmp_path):
         ({"learning_rate": 0.5}, r"finetuning.learning_rate must lie in \(0, 0.01\], got 0.5"),
         ({"seeds": []}, "finetuning.seeds must list 1-100 distinct integer seeds, got"),
         ({"budget": 1}, r"finetuning.budget is not a setting; finetuning takes \['method', 'max_s'"),
+        ({"opening": "first"}, r"finetuning.opening must be one of \['refit', 'job'\], got 'first'"),
+        (
+            {"opening_seeds": [2000]},
+            r"finetuning.opening_seeds must differ from finetuning.seeds .*: both hold \[2000\]",
+        ),
+        ({"opening_seeds": [True]}, "finetuning.opening_seeds must list 1-100 distinct integer seeds"),
     ],
 )
 def test_bad_settings_name_the_field_and_range(values, message):
@@ -201,3 +207,156 @@ def test_a_short_fine_tune_in_the_refitted_simulator_writes_its_bundle_and_verdi
         and (chosen is not bundle_ctl) == record["kept"]
     )
     assert len(record["tta_s"]["bundle"]) == len(record["tta_s"]["finetuned"]) == 2
+
+
+def _fake_tta(scores):
+    """held_out_tta's stand-in: per controller and opening, two seeds' scores."""
+
+    def tta(controller, refit_dir, scenario, interval, seeds, initial_batch=None):
+        own = getattr(controller, "opening", None)
+        return list(scores(controller, own if own is not None else initial_batch))
+
+    return tta
+
+
+@pytest.mark.parametrize(
+    ("scores", "chosen"),
+    [
+        ({32: 10.0, 8: 9.0, 16: 9.0, 64: 12.0}, 8),  # the fastest; of two alike the first listed
+        ({32: 9.0, 8: 9.0, 16: 9.5, 64: 12.0}, 32),  # the job's batch unless another is strictly faster
+        ({32: 9.0, 8: 11.0, 16: 9.5, 64: 12.0}, 32),
+    ],
+)
+def test_the_opening_is_the_experts_fastest_batch_in_the_refit(refit, monkeypatch, scores, chosen):
+    candidates = ft.opening_candidates(refit, 32, (64, 8, 16, 32))
+    assert candidates == [32, 8, 16, 64]  # the job's first, then the ladder's, sorted
+    expert = make_controller("oracle")
+    seen = []
+
+    def tta(controller, refit_dir, scenario, interval, seeds, initial_batch=None):
+        seen.append((controller, initial_batch, tuple(seeds)))
+        return [scores[initial_batch]] * len(seeds)
+
+    monkeypatch.setattr(ft, "held_out_tta", tta)
+    op = ft.choose_opening(expert, refit, SCENARIOS["static_hetero"], 10, (3000, 3001), candidates)
+    assert op["chosen"] == chosen and op["job"] == 32
+    assert op["expert_mean_tta_s"] == {str(b): scores[b] for b in candidates}
+    assert all(c is expert and s == (3000, 3001) for c, _, s in seen)
+
+
+def test_openings_outside_the_refits_range_are_not_candidates_and_a_job_outside_is_refused(refit):
+    spec = ft.HeteroClusterEnv(profile=ft.load_profile(refit)).backend.spec
+    lo, hi = int(spec.min_batch.max()), int(spec.max_batch.min())
+    assert ft.opening_candidates(refit, lo, (lo - 1, hi, hi + 1)) == [lo, hi]
+    with pytest.raises(
+        ValueError, match=rf"the job's local batch {hi + 1} lies outside the refit's range \[{lo}, {hi}\]"
+    ):
+        ft.opening_candidates(refit, hi + 1, (lo,))
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_fine_tune_starts_at_the_opening_and_a_kept_bundle_opens_there(
+    bundle_ctl, refit, tmp_path, monkeypatch, kept
+):
+    copy = shutil.copytree(BUNDLE, tmp_path / "tuned")
+    made = {}
+
+    def train(cfg, config_dict):
+        made["cfg"] = cfg
+        return {
+            "final_bundle": str(copy),
+            "timesteps": 0,
+            "train_seconds": 1.0,
+            "stopped_by_wall_clock": False,
+        }
+
+    def scores(controller, batch):
+        if controller is bundle_ctl:
+            return [10.0, 10.0]
+        if isinstance(controller, PPOController):  # the fine-tuned bundle, from its opening
+            assert batch == 16
+            return [9.0, 9.0] if kept else [11.0, 11.0]
+        return [8.0, 8.0] if batch == 16 else [9.0, 9.0]  # the expert: 16 is the fastest opening
+
+    monkeypatch.setattr(ft, "train", train)
+    monkeypatch.setattr(ft, "held_out_tta", _fake_tta(scores))
+    settings = ft.Finetuning(seeds=(2000, 2001), opening_seeds=(3000, 3001), progress=False)
+    chosen, record = ft.finetune_in_refit(
+        bundle_ctl,
+        refit,
+        SCENARIOS["static_hetero"],
+        10,
+        settings,
+        tmp_path,
+        0,
+        job_batch=32,
+        ladder=(16, 32, 64),
+    )
+    assert made["cfg"].env["sim_kwargs"]["initial_batch"] == 16  # the fine-tune's worlds open there
+    assert record["opening"]["chosen"] == 16 and record["opening"]["applied"] is kept
+    assert record["kept"] is kept
+    if kept:
+        assert chosen is not bundle_ctl and chosen.opening == 16
+    else:  # the bundle as it came, from the job's batch
+        assert chosen is bundle_ctl and bundle_ctl.opening is None
+    assert json.loads((tmp_path / ft.RECORD_FILE).read_text())["opening"]["applied"] is kept
+
+
+def test_with_opening_job_the_fine_tune_keeps_the_jobs_batch(bundle_ctl, refit, tmp_path, monkeypatch):
+    copy = shutil.copytree(BUNDLE, tmp_path / "tuned")
+    made = {}
+    monkeypatch.setattr(ft, "train", lambda cfg, config_dict: made.setdefault("cfg", cfg) and {
+        "final_bundle": str(copy), "timesteps": 0, "train_seconds": 1.0, "stopped_by_wall_clock": False,
+    })  # fmt: skip
+    monkeypatch.setattr(ft, "held_out_tta", _fake_tta(lambda c, b: [10.0] if c is bundle_ctl else [9.0]))
+    settings = ft.Finetuning(seeds=(2000,), opening="job", progress=False)
+    chosen, record = ft.finetune_in_refit(
+        bundle_ctl,
+        refit,
+        SCENARIOS["static_hetero"],
+        10,
+        settings,
+        tmp_path,
+        0,
+        job_batch=32,
+        ladder=(16, 64),
+    )
+    assert record["opening"] is None and chosen.opening is None
+    assert "initial_batch" not in (made["cfg"].env.get("sim_kwargs") or {})
+
+
+def test_a_bundle_with_an_opening_runs_its_first_interval_there(bundle_ctl):
+    from dynamix_gym.evaluation import run_episode
+
+    opened = PPOController(bundle=bundle_ctl.bundle, opening=16)
+    env = ft.HeteroClusterEnv(profile=ft.load_profile(PROFILE), scenario="static_hetero", interval=10,
+                              action_mode=opened.action_mode, initial_batch=32, max_decisions=2,
+                              **opened.env_options())  # fmt: skip
+    try:
+        first = run_episode(env, opened, 0).timeline[0]
+    finally:
+        env.close()
+    assert [first[f"w{i}_batch"] for i in range(env.num_workers)] == [16] * env.num_workers
+    spec = env.backend.spec
+    with pytest.raises(ValueError, match=r"opening 100000 lies outside the workers' local batch range"):
+        PPOController(bundle=bundle_ctl.bundle, opening=100000).initial_batches(spec)
+    with pytest.raises(
+        ValueError, match=r"opening \(the warm-up interval's local batch\) must be an integer >= 1"
+    ):
+        PPOController(bundle=bundle_ctl.bundle, opening=0)
+
+
+def test_the_deploys_wrapper_opens_where_the_bundle_does_but_not_on_a_resumed_run(bundle_ctl):
+    from types import SimpleNamespace
+
+    from experiments.deploy import ResumableController
+
+    opened = PPOController(bundle=bundle_ctl.bundle, opening=16)
+    spec = ft.HeteroClusterEnv(profile=ft.load_profile(PROFILE)).backend.spec
+    fresh = SimpleNamespace(extra_state={}, restored_extra={}, resuming=False)
+    np.testing.assert_array_equal(
+        ResumableController(opened, fresh).initial_batches(spec), [16] * spec.num_workers
+    )
+    assert ResumableController(bundle_ctl, fresh).initial_batches(spec) is None
+    resumed = SimpleNamespace(extra_state={}, restored_extra={}, resuming=True)
+    assert ResumableController(opened, resumed).initial_batches(spec) is None  # the checkpoint's batches

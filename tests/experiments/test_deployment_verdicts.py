@@ -104,3 +104,36 @@ def test_finetune_names_ppo_controllers_and_needs_the_quick_calibration():
     assert calibrate_and_finetune(cfg, profile, {}, None, SPECS, 20, None) == (
         profile, SPECS, {"calibration": None, "finetune": {}},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("opening", "first"),
+    [
+        (None, 32),
+        ({"job": 32, "chosen": 8, "applied": True}, 8),
+        ({"job": 32, "chosen": 8, "applied": False}, 32),
+    ],
+)
+def test_a_kept_fine_tune_runs_from_the_opening_it_chose(opening, first):
+    from experiments.sim_to_real.deployment import with_finetuned
+
+    specs = [{**_spec("universal", "ppo"), "kwargs": {"path": "bundle"}, "initial_batch": 32}]
+    kept = {"universal": {"kept": True, "finetuned": "tuned", "opening": opening}}
+    out = with_finetuned(specs, kept)
+    assert [(s["label"], s["kwargs"]["path"], s["initial_batch"]) for s in out] == [
+        ("universal", "bundle", 32), ("universal-ft", "tuned", first),
+    ]  # fmt: skip
+    assert with_finetuned(specs, {"universal": {**kept["universal"], "kept": False}}) == specs
+    lines = "\n".join(deployment_lines({
+        "calibration": None, "per_controller": {}, "best_static": None, "learned": {},
+        "finetune": {"universal": {
+            "kept": True, "mean_tta_s": {"bundle": 20.0, "finetuned": 18.0}, "timesteps": 0, "seconds": 30.0,
+            "finetuned": "tuned", "imitation": None,
+            "opening": None if opening is None else {**opening, "expert_mean_tta_s": {"32": 22.0, "8": 20.5}},
+        }},
+    }))  # fmt: skip
+    if opening is None:
+        assert "opening" not in lines
+    else:
+        assert "from each local batch (32: 22.00 s, 8: 20.50 s): 8" in lines
+        assert ("(not applied: the job's 32 stays)" in lines) is (not opening["applied"])

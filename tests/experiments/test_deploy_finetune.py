@@ -254,6 +254,13 @@ def test_openings_outside_the_refits_range_are_not_candidates_and_a_job_outside_
         ft.opening_candidates(refit, hi + 1, (lo,))
 
 
+def _finetune_from_32(bundle_ctl, refit, tmp_path, settings, ladder):
+    """finetune_in_refit for a job whose ranks open at local batch 32, the calibration's ``ladder``."""
+    return ft.finetune_in_refit(
+        bundle_ctl, refit, SCENARIOS["static_hetero"], 10, settings, tmp_path, 0, job_batch=32, ladder=ladder
+    )
+
+
 @pytest.mark.parametrize("kept", [True, False])
 def test_the_fine_tune_starts_at_the_opening_and_a_kept_bundle_opens_there(
     bundle_ctl, refit, tmp_path, monkeypatch, kept
@@ -281,17 +288,7 @@ def test_the_fine_tune_starts_at_the_opening_and_a_kept_bundle_opens_there(
     monkeypatch.setattr(ft, "train", train)
     monkeypatch.setattr(ft, "held_out_tta", _fake_tta(scores))
     settings = ft.Finetuning(seeds=(2000, 2001), opening_seeds=(3000, 3001), progress=False)
-    chosen, record = ft.finetune_in_refit(
-        bundle_ctl,
-        refit,
-        SCENARIOS["static_hetero"],
-        10,
-        settings,
-        tmp_path,
-        0,
-        job_batch=32,
-        ladder=(16, 32, 64),
-    )
+    chosen, record = _finetune_from_32(bundle_ctl, refit, tmp_path, settings, (16, 32, 64))
     assert made["cfg"].env["sim_kwargs"]["initial_batch"] == 16  # the fine-tune's worlds open there
     assert record["opening"]["chosen"] == 16 and record["opening"]["applied"] is kept
     assert record["kept"] is kept
@@ -310,17 +307,7 @@ def test_with_opening_job_the_fine_tune_keeps_the_jobs_batch(bundle_ctl, refit, 
     })  # fmt: skip
     monkeypatch.setattr(ft, "held_out_tta", _fake_tta(lambda c, b: [10.0] if c is bundle_ctl else [9.0]))
     settings = ft.Finetuning(seeds=(2000,), opening="job", progress=False)
-    chosen, record = ft.finetune_in_refit(
-        bundle_ctl,
-        refit,
-        SCENARIOS["static_hetero"],
-        10,
-        settings,
-        tmp_path,
-        0,
-        job_batch=32,
-        ladder=(16, 64),
-    )
+    chosen, record = _finetune_from_32(bundle_ctl, refit, tmp_path, settings, (16, 64))
     assert record["opening"] is None and chosen.opening is None
     assert "initial_batch" not in (made["cfg"].env.get("sim_kwargs") or {})
 

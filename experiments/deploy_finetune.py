@@ -291,7 +291,9 @@ def held_out_tta(
 def opening_candidates(refit_dir: Path, job_batch: int, ladder: tuple[int, ...]) -> list[int]:
     """The local batches an opening may take: the job's first, then the ladder's that every worker
     of the refit may run (sorted)."""
-    spec = HeteroClusterEnv(profile=load_profile(refit_dir)).backend.spec
+    env = HeteroClusterEnv(profile=load_profile(refit_dir))
+    spec = env.backend.spec
+    env.close()
     lo, hi = int(np.max(spec.min_batch)), int(np.min(spec.max_batch))
     if not lo <= int(job_batch) <= hi:
         raise ValueError(f"the job's local batch {job_batch} lies outside the refit's range [{lo}, {hi}]")

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, check_split, step_masks
+from dynamix_gym.actions import DEFAULT_SPLIT_TOLERANCE, check_in_range, check_split, step_masks
 from dynamix_gym.controllers.base import BaseController
 from dynamix_gym.decision import policy_forward
 from dynamix_gym.obs import DEFAULT_SCHEMA_VERSION, SCHEMA_VERSIONS, get_schema
@@ -285,13 +285,7 @@ class PPOController(BaseController):
         """The warm-up interval's local batches: ``opening`` on every worker, or None (the backend's)."""
         if self.opening is None:
             return None
-        lo, hi = np.asarray(spec.min_batch), np.asarray(spec.max_batch)
-        if np.any(self.opening < lo) or np.any(self.opening > hi):
-            raise ValueError(
-                f"opening {self.opening} lies outside the workers' local batch range "
-                f"[{int(lo.max())}, {int(hi.min())}]"
-            )
-        return np.full(spec.num_workers, self.opening, dtype=np.int64)
+        return check_in_range(np.full(spec.num_workers, self.opening), spec, "opening")
 
     def check_env(self, env) -> None:
         """Refuse an env whose observation schema, action mode or action set differs from the

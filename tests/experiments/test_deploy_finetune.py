@@ -325,7 +325,7 @@ def test_a_bundle_with_an_opening_runs_its_first_interval_there(bundle_ctl):
         env.close()
     assert [first[f"w{i}_batch"] for i in range(env.num_workers)] == [16] * env.num_workers
     spec = env.backend.spec
-    with pytest.raises(ValueError, match=r"opening 100000 lies outside the workers' local batch range"):
+    with pytest.raises(ValueError, match=r"opening\[0\] = 100000 is outside worker 0's range \[\d+, \d+\]"):
         PPOController(bundle=bundle_ctl.bundle, opening=100000).initial_batches(spec)
     with pytest.raises(
         ValueError, match=r"opening \(the warm-up interval's local batch\) must be an integer >= 1"

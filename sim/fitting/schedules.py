@@ -193,3 +193,204 @@ def fit_schedules(params: ConvergenceParams, runs: Sequence[ScheduleRun]) -> Sch
     fitted = replace(fitted, fit_rmse=rmse(fitted, runs))
     return ScheduleFit(fitted, params, rmse(params, runs), fitted.fit_rmse, len(runs),
                        int(sum(len(r.val_accuracy) for r in runs)))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Time to the target: the batch dependence refitted to runs whose batch changes
+# --------------------------------------------------------------------------------------------
+
+#: The parameters :func:`fit_intervals_to_target` fits, in the order of its solver's vector: the
+#: shape's progress scale (multiplies ``shape_x``), the stretch exponent, the log of the batch
+#: memory and the log of the progress noise factor. Together they set how the number of intervals
+#: to a target depends on the batch and on a change of batch; the gradient statistics (the noise a
+#: controller reads), the ceiling and the shape's form stay as the static curves fitted them.
+TARGET_PARAMETERS: tuple[str, ...] = (
+    "shape_scale",
+    "stretch_exponent",
+    "log_batch_memory_progress",
+    "log_progress_noise_factor",
+)
+#: Intervals a replay holds the run's last batch for, past its end, to find where the model reaches
+#: the target; a model that does not reach it by then counts that horizon.
+HOLD_INTERVALS = 60
+
+
+def crossing(accuracy: np.ndarray, target: float) -> float:
+    """The interval count (fractional) at which ``accuracy`` (one value per interval end) first
+    reaches ``target``: linear between the two interval ends around the crossing, 1 if the first
+    interval already does; ``nan`` where it never does."""
+    acc = np.asarray(accuracy, dtype=np.float64)
+    hit = np.flatnonzero(acc >= target)
+    if not hit.size:
+        return math.nan
+    i = int(hit[0])
+    if i == 0:
+        return 1.0
+    return i + float((target - acc[i - 1]) / (acc[i] - acc[i - 1]))
+
+
+def replay_many(model: ConvergenceModel, global_batch: np.ndarray, iterations: int) -> np.ndarray:
+    """:func:`replay` of many runs at once: ``global_batch`` is (runs, intervals), every run with
+    ``iterations`` steps per interval; the noise-free validation accuracy at each interval's end,
+    (runs, intervals), equal to :func:`replay` run by run (the engine's midpoint steps of both
+    counters, the batch memory over each interval's progress)."""
+    gb = np.asarray(global_batch, dtype=np.float64)
+    if gb.ndim != 2 or gb.shape[1] < 1:
+        raise ValueError(f"replay_many needs global batches of shape (runs, intervals), got {gb.shape}")
+    k = float(iterations)
+    p = np.zeros(gb.shape[0])
+    q = np.zeros(gb.shape[0])
+    memory = np.log2(gb[:, 0])
+    mem_scale = model.params.batch_memory_progress
+    out = np.empty_like(gb)
+    for j in range(gb.shape[1]):
+        m = gb[:, j]
+        if model.split_noise:  # sim.convergence.ConvergenceModel.advance
+            r1 = model.progress_per_step_many(m, q, reported=True)
+            dq = k * model.progress_per_step_many(m, q + 0.5 * k * r1, reported=True)
+            dp = k * model.progress_per_step_many(m, q + 0.5 * dq)
+        else:
+            r1 = model.progress_per_step_many(m, p)
+            dp = dq = k * model.progress_per_step_many(m, p + 0.5 * k * r1)
+        memory = memory + (1.0 - np.exp(-dp / mem_scale)) * (np.log2(m) - memory)
+        p, q = p + dp, q + dq
+        out[:, j] = model.accuracy_many(p, memory)
+    return out
+
+
+def crossing_many(accuracy: np.ndarray, target: float) -> np.ndarray:
+    """:func:`crossing` row by row of (runs, intervals) accuracies; ``inf`` where a row never reaches it."""
+    acc = np.asarray(accuracy, dtype=np.float64)
+    above = acc >= target
+    i = np.argmax(above, axis=1)
+    rows = np.arange(len(acc))
+    prev = acc[rows, np.maximum(i - 1, 0)]
+    frac = np.where(i > 0, (target - prev) / np.where(i > 0, acc[rows, i] - prev, 1.0), 0.0)
+    out = np.where(i > 0, i + frac, 1.0)
+    return np.where(above[rows, i], out, math.inf)
+
+
+def intervals_to_target_many(
+    model: ConvergenceModel, runs: Sequence[ScheduleRun], target: float
+) -> np.ndarray:
+    """Intervals the model takes to ``target`` on each run's batches, its last batch held on for up
+    to :data:`HOLD_INTERVALS` more (:func:`crossing` of the noise-free accuracy; ``inf`` if never).
+    The runs must share their steps per interval."""
+    if not runs:
+        return np.zeros(0)
+    ks = {r.iterations for r in runs}
+    if len(ks) != 1:
+        raise ValueError(f"intervals_to_target_many needs runs of one interval length, got K = {sorted(ks)}")
+    width = max(len(r.global_batch) for r in runs) + HOLD_INTERVALS
+    gb = np.empty((len(runs), width))
+    for i, r in enumerate(runs):
+        n = len(r.global_batch)
+        gb[i, :n] = r.global_batch
+        gb[i, n:] = r.global_batch[-1]
+    x = crossing_many(replay_many(model, gb, ks.pop()), target)
+    # each run's horizon: its own intervals and HOLD_INTERVALS more (model_intervals_to_target's)
+    limit = np.array([len(r.global_batch) + HOLD_INTERVALS for r in runs], dtype=np.float64)
+    return np.where(x <= limit, x, math.inf)
+
+
+def model_intervals_to_target(model: ConvergenceModel, run: ScheduleRun, target: float) -> float:
+    """Intervals the model takes to ``target`` on ``run``'s batches (the last one held on for up to
+    :data:`HOLD_INTERVALS` more), by :func:`crossing` of its noise-free accuracy; ``inf`` if never."""
+    held = np.concatenate([run.global_batch, np.full(HOLD_INTERVALS, run.global_batch[-1])])
+    ext = replace(run, global_batch=held, val_accuracy=np.zeros(len(held)))
+    x = crossing(replay(model, ext), target)
+    return math.inf if math.isnan(x) else x
+
+
+def with_target_vector(params: ConvergenceParams, x: Sequence[float]) -> ConvergenceParams:
+    scale, stretch, log_mem, log_k = (float(v) for v in x)
+    return replace(
+        params,
+        shape_x=tuple(float(v) * scale for v in params.shape_x),
+        stretch_exponent=stretch,
+        batch_memory_progress=math.exp(log_mem),
+        progress_noise_factor=math.exp(log_k),
+    )
+
+
+def target_bounds() -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of :func:`fit_intervals_to_target`'s vector (:data:`TARGET_PARAMETERS`)."""
+    lo = np.array([0.2, 0.0, math.log(1.0), math.log(1.0)])
+    hi = np.array([5.0, 1.5, math.log(1e4), math.log(1e3)])
+    return lo, hi
+
+
+def interval_residuals(
+    params: ConvergenceParams, runs: Sequence[ScheduleRun], target: float, max_gain: float | None = None
+) -> np.ndarray:
+    """log(model intervals to ``target``) - log(measured) over ``runs`` (each must reach it; a model
+    that never does counts its horizon), the model's learning-rate multiplier capped at ``max_gain``
+    (the guards' cap the runs were made under; None: none)."""
+    measured = np.array([crossing(run.val_accuracy, target) for run in runs])
+    bad = np.flatnonzero(np.isnan(measured))
+    if bad.size:
+        run = runs[int(bad[0])]
+        raise ValueError(f"run {run.name} seed {run.seed} never reaches the target {target}")
+    model_x = np.empty(len(runs))
+    for regime, k in sorted({(run.regime, run.iterations) for run in runs}):
+        model = ConvergenceModel(params, regime)
+        model.max_gain = max_gain
+        idx = [i for i, run in enumerate(runs) if (run.regime, run.iterations) == (regime, k)]
+        model_x[idx] = intervals_to_target_many(model, [runs[i] for i in idx], target)
+    limit = np.array([len(run.global_batch) + HOLD_INTERVALS for run in runs], dtype=np.float64)
+    return np.log(np.minimum(model_x, limit) / measured)
+
+
+@dataclass(frozen=True)
+class TargetFit:
+    params: ConvergenceParams
+    before: ConvergenceParams
+    rms_before: float  # RMS log error of the intervals to the target on the fitted runs
+    rms_after: float
+    runs: int
+    at_bounds: tuple[str, ...]
+
+
+def fit_intervals_to_target(
+    params: ConvergenceParams,
+    runs: Sequence[ScheduleRun],
+    target: float,
+    max_gain: float | None = None,
+    grid: bool = True,
+) -> TargetFit:
+    """Fit :data:`TARGET_PARAMETERS` of ``params`` to the intervals ``runs`` took to ``target`` by
+    least squares on :func:`interval_residuals`; deterministic (fixed starts: the profile's own
+    values, then, with ``grid``, eight more over the stretch, the memory and the noise factor). Static curves alone
+    cannot tell a larger batch that makes proportionally more progress but stretches the progress
+    a target needs (a large noise factor, a large stretch) from one that makes less progress (a
+    small factor, no stretch): runs whose batch changes mid-run can, as the batch memory carries the
+    stretch of an early large batch into the rest of the run."""
+    if not runs:
+        raise ValueError("fit_intervals_to_target needs at least one run")
+    lo, hi = target_bounds()
+    x0 = np.clip(
+        np.array([1.0, params.stretch_exponent, math.log(params.batch_memory_progress),
+                  math.log(params.progress_noise_factor)]), lo + 1e-9, hi - 1e-9)  # fmt: skip
+    starts = [x0] + [
+        np.clip(np.array([1.0, s, math.log(mem), math.log(k)]), lo + 1e-9, hi - 1e-9)
+        for s in (0.0, 0.5)
+        for k in (3.0, 56.0)
+        for mem in (20.0, 300.0)
+        if grid
+    ]
+    res = multi_start_lsq(
+        lambda x: interval_residuals(with_target_vector(params, x), runs, target, max_gain),
+        starts, bounds=(lo, hi), x_scale=np.array([0.2, 0.3, 1.0, 1.0]), diff_step=1e-2,
+    )  # fmt: skip
+    fitted = with_target_vector(params, res.x)
+
+    def rms(p: ConvergenceParams) -> float:
+        return float(np.sqrt(np.mean(interval_residuals(p, runs, target, max_gain) ** 2)))
+
+    span = hi - lo
+    edge = tuple(
+        f"{n} at its {'upper' if abs(v - h) <= 1e-3 * w else 'lower'} bound"
+        for n, v, l_, h, w in zip(TARGET_PARAMETERS, res.x, lo, hi, span, strict=True)
+        if abs(v - l_) <= 1e-3 * w or abs(v - h) <= 1e-3 * w
+    )
+    return TargetFit(fitted, params, rms(params), rms(fitted), len(runs), edge)

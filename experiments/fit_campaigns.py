@@ -233,7 +233,7 @@ def fit_campaigns_app(cfg: DictConfig) -> dict[str, float]:
     train, held = sets
     if not train:
         raise ValueError(f"no {cfg.backend} run of {[p.name for p in fit_dirs]} reached the target {target}")
-    fit = fit_intervals_to_target(params, train, target, max_gain)
+    fit = fit_intervals_to_target(params, train, target, max_gain, grid=bool(cfg.grid))
     out = Path(to_absolute_path(str(cfg.out_profile)))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

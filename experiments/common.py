@@ -46,3 +46,29 @@ def hydra_app(
     if spec is not None:
         main.__module__ = spec.name
     return hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name=config_name)(main)
+
+
+def write_profile_copy(
+    src: Path, out: Path, convergence: Any, generated_by: str, edit: Callable[[Path], Any] | None = None
+) -> Any:
+    """A copy of the profile directory ``src`` at ``out`` with its convergence model replaced by
+    ``convergence`` (a :class:`sim.convergence.ConvergenceParams`) and ``edit(copy)`` applied, put in
+    place only once the simulator loads it: built beside ``out`` first, so that a failure leaves
+    ``out`` as it was and nothing half-written. Returns what ``edit`` returned (None without one)."""
+    import json
+    import shutil
+    from dataclasses import asdict
+
+    from sim.convergence import CONVERGENCE_MODELS_FILE
+    from sim.profile import load_profile
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    doc = {"generated_by": generated_by, "models": [asdict(convergence)]}
+    (tmp / CONVERGENCE_MODELS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    result = edit(tmp) if edit is not None else None
+    load_profile(tmp)  # refuse to leave a profile the simulator cannot load
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return result

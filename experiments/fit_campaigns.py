@@ -22,8 +22,6 @@ from __future__ import annotations
 import glob
 import json
 import math
-import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, write_profile_copy
 from experiments.reports.markdown import table
 from sim.convergence import CONVERGENCE_MODELS_FILE, ConvergenceModel, ConvergenceParams
 from sim.fitting.schedules import (
@@ -234,15 +232,7 @@ def fit_campaigns_app(cfg: DictConfig) -> dict[str, float]:
     if not train:
         raise ValueError(f"no {cfg.backend} run of {[p.name for p in fit_dirs]} reached the target {target}")
     fit = fit_intervals_to_target(params, train, target, max_gain, grid=bool(cfg.grid))
-    out = Path(to_absolute_path(str(cfg.out_profile)))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(profile_dir, tmp)
-    doc = {"generated_by": COMMAND, "models": [asdict(fit.params)]}
-    (tmp / CONVERGENCE_MODELS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
-    load_profile(tmp)  # refuse to leave a profile the simulator cannot load
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    write_profile_copy(profile_dir, Path(to_absolute_path(str(cfg.out_profile))), fit.params, COMMAND)
     atomic_write_text(
         Path(to_absolute_path(str(cfg.report))),
         report(fit, cfg, target, train, held, fit_dirs, held_dirs, left, max_gain),

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from experiments.calibration.fit import refit_compute_knee
-from experiments.common import atomic_write_text
+from experiments.common import atomic_write_text, write_profile_copy
 from experiments.reports.markdown import table
 from experiments.schedules import LADDER_FILE
 from sim.convergence import CONVERGENCE_MODELS_FILE
@@ -314,16 +312,10 @@ def fit_schedules_app(cfg: DictConfig) -> float:
     groups["the profile's calibration curves (static, adascale)"] = calib
     groups["the calibration curves below global batch 1024"] = [r for r in calib if r.global_batch[0] < 1024]
     groups[f"the calibration curves that trained (peak accuracy >= {TRAINED_PEAK})"] = trained(calib)
-    out = Path(to_absolute_path(str(cfg.out_profile)))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(profile_dir, tmp)
-    doc = {"generated_by": COMMAND, "models": [asdict(fit.params)]}
-    (tmp / CONVERGENCE_MODELS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
-    steps = refit_step_times(tmp, runs_root, runs[0].iterations) if cfg.same_day_step_times else None
-    load_profile(tmp)  # refuse to leave a profile the simulator cannot load
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    steps = write_profile_copy(
+        profile_dir, Path(to_absolute_path(str(cfg.out_profile))), fit.params, COMMAND,
+        (lambda tmp: refit_step_times(tmp, runs_root, runs[0].iterations)) if cfg.same_day_step_times else None,
+    )  # fmt: skip
     atomic_write_text(Path(to_absolute_path(str(cfg.report))), report(fit, groups, cfg, steps))
     return float(rmse(fit.params, held)) if held else float(fit.rmse_after)
 

@@ -31,9 +31,9 @@ import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from experiments.common import atomic_write_text, write_profile_copy
+from experiments.common import atomic_write_text, shown, write_profile_copy
 from experiments.reports.markdown import table
-from sim.convergence import CONVERGENCE_MODELS_FILE, ConvergenceModel, ConvergenceParams
+from sim.convergence import CONVERGENCE_MODELS_FILE, ConvergenceParams
 from sim.fitting.schedules import (
     TARGET_PARAMETERS,
     ScheduleRun,
@@ -41,7 +41,7 @@ from sim.fitting.schedules import (
     crossing,
     fit_intervals_to_target,
     interval_residuals,
-    model_intervals_to_target,
+    model_intervals,
 )
 from sim.profile import load_profile
 
@@ -115,17 +115,15 @@ def by_controller(
     max_gain: float | None,
 ) -> list[list[Any]]:
     """Per controller: runs, mean measured intervals to the target, the profile's and the refit's."""
-    models = []
-    for p in (params, after):
-        m = ConvergenceModel(p, runs[0].regime)
-        m.max_gain = max_gain
-        models.append(m)
+    names = np.array([r.name.split(":", 1)[1] for r in runs])
+    measured = np.array([crossing(r.val_accuracy, target) for r in runs])
+    predicted = [model_intervals(p, runs, target, max_gain) for p in (params, after)]
     rows = []
-    for ctl in sorted({r.name.split(":", 1)[1] for r in runs}):
-        sel = [r for r in runs if r.name.split(":", 1)[1] == ctl]
-        meas = np.mean([crossing(r.val_accuracy, target) for r in sel])
-        pred = [np.mean([model_intervals_to_target(m, r, target) for r in sel]) for m in models]
-        rows.append([ctl, len(sel), f"{meas:.2f}", f"{pred[0]:.2f}", f"{pred[1]:.2f}"])
+    for ctl in sorted(set(names)):
+        sel = names == ctl
+        meas = measured[sel].mean()
+        pred = [x[sel].mean() for x in predicted]
+        rows.append([ctl, int(sel.sum()), f"{meas:.2f}", f"{pred[0]:.2f}", f"{pred[1]:.2f}"])
     return rows
 
 
@@ -155,8 +153,9 @@ def report(
     lines = [
         "# The convergence model's batch dependence, refitted to earlier campaigns' real runs",
         "",
-        f"Regenerate: `{COMMAND} profile={cfg.profile} 'campaigns=[{','.join(map(str, cfg.campaigns))}]' "
-        f"'held_out=[{','.join(map(str, cfg.held_out))}]' out_profile={cfg.out_profile} report={cfg.report}`.",
+        # the campaigns as resolved (a glob would pick up campaigns run since)
+        f"Regenerate: `{COMMAND} profile={cfg.profile} 'campaigns=[{','.join(shown(p) for p in fit_dirs + held_dirs)}]' "
+        f"'held_out=[{','.join(shown(p) for p in held_dirs)}]' out_profile={cfg.out_profile} report={cfg.report}`.",
         "",
         f"Fitted on the real runs of {len(fit_dirs)} campaigns ({names}): {len(train)} runs; held out: "
         f"{', '.join(p.name for p in held_dirs) or 'none'} ({len(held)} runs). Target: validation quality "

@@ -320,6 +320,20 @@ def target_bounds() -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def model_intervals(
+    params: ConvergenceParams, runs: Sequence[ScheduleRun], target: float, max_gain: float | None = None
+) -> np.ndarray:
+    """:func:`intervals_to_target_many` of ``params`` over runs of any rules and interval lengths
+    (batched per rule and length), the learning-rate multiplier capped at ``max_gain``."""
+    out = np.empty(len(runs))
+    for regime, k in sorted({(run.regime, run.iterations) for run in runs}):
+        model = ConvergenceModel(params, regime)
+        model.max_gain = max_gain
+        idx = [i for i, run in enumerate(runs) if (run.regime, run.iterations) == (regime, k)]
+        out[idx] = intervals_to_target_many(model, [runs[i] for i in idx], target)
+    return out
+
+
 def interval_residuals(
     params: ConvergenceParams, runs: Sequence[ScheduleRun], target: float, max_gain: float | None = None
 ) -> np.ndarray:
@@ -331,12 +345,7 @@ def interval_residuals(
     if bad.size:
         run = runs[int(bad[0])]
         raise ValueError(f"run {run.name} seed {run.seed} never reaches the target {target}")
-    model_x = np.empty(len(runs))
-    for regime, k in sorted({(run.regime, run.iterations) for run in runs}):
-        model = ConvergenceModel(params, regime)
-        model.max_gain = max_gain
-        idx = [i for i, run in enumerate(runs) if (run.regime, run.iterations) == (regime, k)]
-        model_x[idx] = intervals_to_target_many(model, [runs[i] for i in idx], target)
+    model_x = model_intervals(params, runs, target, max_gain)
     limit = np.array([len(run.global_batch) + HOLD_INTERVALS for run in runs], dtype=np.float64)
     return np.log(np.minimum(model_x, limit) / measured)
 

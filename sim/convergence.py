@@ -232,6 +232,25 @@ def with_horizon(params: ConvergenceParams, factor: float) -> ConvergenceParams:
     )
 
 
+def with_batch_dependence(
+    params: ConvergenceParams, stretch_exponent: float, memory_fraction: float
+) -> ConvergenceParams:
+    """``params`` whose large batches stretch the progress a quality needs by ``stretch_exponent``
+    per doubling above the reference batch, remembered over ``memory_fraction`` of the run's total
+    progress (the batch memory's time constant): a generated workload whose batch dependence is the
+    one the real tasks' runs show when their batches change (``python -m experiments.fit_campaigns``:
+    stretch 0.07 / 0.31, memory 0.45 / 0.67 of the run on the LM / CNN), where every shipped model
+    keeps the static fit's (stretch 0-0.07, and a memory of a tenth of the run that no data set, so
+    that an early large batch is nearly forgotten by the target)."""
+    check_range("stretch_exponent", stretch_exponent, 0.0, 4.0)
+    check_range("memory_fraction", memory_fraction, 0.0, 100.0, low_open=True)
+    return replace(
+        params,
+        stretch_exponent=float(stretch_exponent),
+        batch_memory_progress=float(memory_fraction) * params.total_progress,
+    )
+
+
 def convergence_table(path: str | Path | None = None) -> dict[tuple[str], ConvergenceParams]:
     return load_param_table(ConvergenceParams, path or data_path(CONVERGENCE_MODELS_FILE), ("name",))
 

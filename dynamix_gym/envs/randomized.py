@@ -12,7 +12,7 @@ import numpy as np
 from dynamix_gym.backends.sim_backend import SimBackend
 from dynamix_gym.envs.hetero_cluster import HeteroClusterEnv
 from sim.cluster import GPUS_PER_NODE, mixed_cluster
-from sim.convergence import ConvergenceParams, with_gradient_noise, with_horizon
+from sim.convergence import ConvergenceParams, with_batch_dependence, with_gradient_noise, with_horizon
 from sim.faults import FaultWindow, compose_scenarios, get_scenario, scale_intensity
 from sim.hardware import ComputeParams, compute_params
 from sim.instability import InstabilityParams
@@ -92,6 +92,15 @@ class DomainRandomization:
     their targets, so a quality gain of more than a few percent of the way per `window` intervals
     never shows; the real CPU tasks reach theirs in 10-30 decisions, half the way in four.
 
+    Generated batch dependence (off by default): with probability ``batch_dependence_probability``
+    (only in the generated horizons' short worlds with ``batch_dependence_short_only``) an episode's
+    workload has its stretch per doubling drawn from U(``stretch_exponent``) and its batch memory from
+    logU(``memory_fraction``) of its run (:func:`sim.convergence.with_batch_dependence`). The shipped
+    models' batch dependence comes from static curves, which cannot identify it: their stretch is
+    0-0.07 and their memory a tenth of the run, set by default, so an early large batch is nearly
+    free; refitted to real runs whose batches change (``experiments.fit_campaigns``), the real CPU
+    tasks give stretch 0.07 / 0.31 and memory 0.45 / 0.67 of the run (LM / CNN).
+
     Compound fault worlds (off by default): with probability ``compound_probability`` an episode
     runs ``k ~ U{compound_families}`` distinct families of ``scenarios`` at once (the first the
     episode's drawn family, the others drawn without replacement, each scaled by its own intensity
@@ -156,6 +165,15 @@ class DomainRandomization:
     #: tasks: 10-30 decisions to the target, where the shipped workloads take hundreds).
     horizon_probability: float = 0.0
     horizon_scale: tuple[float, float] = (0.01, 1.0)
+    #: Generated batch dependence (off at 0; sim.convergence.with_batch_dependence): with this
+    #: probability (within the short worlds only, with ``batch_dependence_short_only``) an episode's
+    #: workload has stretch ~ U(stretch_exponent) per doubling and batch memory ~ logU(memory_fraction)
+    #: of its total progress (the real CPU tasks refitted to their campaigns' runs: stretch 0.07 /
+    #: 0.31, memory 0.45 / 0.67; the shipped models 0-0.07 and 0.1, unmeasured).
+    batch_dependence_probability: float = 0.0
+    batch_dependence_short_only: bool = False
+    stretch_exponent: tuple[float, float] = (0.0, 0.4)
+    memory_fraction: tuple[float, float] = (0.1, 1.0)
     #: A fixed cluster (:class:`sim.cluster.ClusterSpec`) for every episode instead of a drawn mix:
     #: the replica of one job's cluster (the arbitrator's replica learner); ``workers`` must equal its
     #: worker count, and ``t4_fraction``, ``third_type_probability`` and ``gpu_types`` are not used.
@@ -186,6 +204,12 @@ class DomainRandomization:
         check_range("domain.noise_probability", self.noise_probability, 0.0, 1.0)
         check_range("domain.floor_probability", self.floor_probability, 0.0, 1.0)
         check_range("domain.horizon_probability", self.horizon_probability, 0.0, 1.0)
+        check_range("domain.batch_dependence_probability", self.batch_dependence_probability, 0.0, 1.0)
+        if self.batch_dependence_short_only and self.horizon_probability == 0.0:
+            raise ValueError(
+                "domain.batch_dependence_short_only draws the batch dependence in the generated horizons' "
+                "short worlds only, and domain.horizon_probability is 0: there are none"
+            )
         _check_pair("compound_families", self.compound_families, lambda f, v: check_int(f, v, 2, 64))
         if self.compound_probability > 0.0 and len(set(self.scenarios)) < 2:
             raise ValueError(
@@ -205,6 +229,8 @@ class DomainRandomization:
             ("progress_noise_factor", 1.0, 1e4, False),
             ("floor_scale", 0.0, 1e4, True),
             ("horizon_scale", 1e-6, 1e6, True),
+            ("stretch_exponent", 0.0, 4.0, False),
+            ("memory_fraction", 0.0, 100.0, True),
         ):
             _check_pair(
                 name,
@@ -334,6 +360,15 @@ class DomainRandomization:
             if short:
                 fitted = out.get("convergence_params") or _fitted_convergence(workload)
                 out["convergence_params"] = with_horizon(fitted, factor)
+        if self.batch_dependence_probability > 0.0:  # after every other draw, and only when on
+            dependent = rng.random() < self.batch_dependence_probability
+            stretch = float(rng.uniform(*self.stretch_exponent))
+            memory = float(np.exp(rng.uniform(*np.log(self.memory_fraction))))
+            if self.batch_dependence_short_only:
+                dependent = dependent and short
+            if dependent:
+                fitted = out.get("convergence_params") or _fitted_convergence(workload)
+                out["convergence_params"] = with_batch_dependence(fitted, stretch, memory)
         return out
 
     def _compound(self, rng: np.random.Generator, family: str, scenario):

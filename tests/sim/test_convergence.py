@@ -19,6 +19,7 @@ from sim.convergence import (
     ConvergenceModel,
     convergence_params,
     convergence_table,
+    with_batch_dependence,
     with_gradient_noise,
     with_horizon,
 )
@@ -614,6 +615,79 @@ def test_training_worlds_draw_a_horizon_without_moving_other_draws():
         ({"horizon_probability": 2.0}, "horizon_probability"),
         ({"horizon_scale": (0.0, 1.0)}, r"horizon_scale\[0\]"),
         ({"horizon_scale": (0.5, 0.1)}, "horizon_scale"),
+    ):
+        with pytest.raises(ValueError, match=rf"domain\.{field_name}"):
+            DomainRandomization(workers=4, **bad)
+
+
+def test_a_generated_batch_dependence_makes_an_early_large_batch_cost_later():
+    """Stretch and memory set what an early large batch costs at the target: with the shipped
+    model's (a memory of a tenth of the run) a run that starts at 8x the reference batch and drops
+    back is nearly where a static run is by the end; with a long memory and a strong stretch it is
+    still behind."""
+    base = convergence_params("cifar10")
+    strong = with_batch_dependence(base, 0.3, 0.8)
+    assert strong.stretch_exponent == 0.3
+    assert strong.batch_memory_progress == pytest.approx(0.8 * base.total_progress)
+    ref = math.log2(base.ref_batch)
+
+    def accuracy_after_an_early_jump(params):
+        model = ConvergenceModel(params, "adascale")
+        memory = model.initial_batch_memory(8 * base.ref_batch)
+        early = 0.2 * params.total_progress
+        memory = model.update_batch_memory(memory, 8 * base.ref_batch, early)
+        memory = model.update_batch_memory(memory, base.ref_batch, 0.5 * params.total_progress)
+        return model.accuracy(0.7 * params.total_progress, memory), model.accuracy(
+            0.7 * params.total_progress, ref
+        )
+
+    jumped, static = accuracy_after_an_early_jump(base)
+    assert static - jumped < 0.005  # the shipped model: forgotten by then
+    jumped, static = accuracy_after_an_early_jump(strong)
+    assert static - jumped > 0.01
+    for bad, name in (((-0.1, 0.5), "stretch_exponent"), ((0.2, 0.0), "memory_fraction")):
+        with pytest.raises(ValueError, match=name):
+            with_batch_dependence(base, *bad)
+
+
+def test_training_worlds_draw_a_batch_dependence_in_the_short_worlds_without_moving_other_draws():
+    from dynamix_gym.envs.randomized import DomainRandomization
+
+    kwargs = dict(workers=4, horizon_probability=0.5)
+    worlds = [DomainRandomization(**kwargs).sample(np.random.default_rng(s)) for s in range(40)]
+    on = DomainRandomization(
+        **kwargs,
+        batch_dependence_probability=1.0,
+        batch_dependence_short_only=True,
+        stretch_exponent=(0.3, 0.3),
+        memory_fraction=(0.5, 0.5),
+    )
+    shipped = convergence_params("cifar10")
+    short_seen = long_seen = 0
+    for s, off in enumerate(worlds):
+        world = on.sample(np.random.default_rng(s))
+        assert {k: v for k, v in world.items() if k != "convergence_params"} == {
+            k: v for k, v in off.items() if k != "convergence_params"
+        }
+        params = world.get("convergence_params")
+        if off.get("convergence_params") is None:  # a world of the fitted length: untouched
+            assert params is None
+            long_seen += 1
+            continue
+        short_seen += 1
+        assert params == with_batch_dependence(off["convergence_params"], 0.3, 0.5)
+        assert params.stretch_exponent != shipped.stretch_exponent
+    assert short_seen and long_seen
+    everywhere = DomainRandomization(workers=4, batch_dependence_probability=1.0)
+    params = everywhere.sample(np.random.default_rng(0))["convergence_params"]
+    assert 0.0 <= params.stretch_exponent <= 0.4
+    assert 0.1 <= params.batch_memory_progress / params.total_progress <= 1.0
+    for bad, field_name in (
+        ({"batch_dependence_probability": 1.5}, "batch_dependence_probability"),
+        ({"stretch_exponent": (-0.1, 0.3)}, r"stretch_exponent\[0\]"),
+        ({"memory_fraction": (0.0, 1.0)}, r"memory_fraction\[0\]"),
+        ({"memory_fraction": (0.9, 0.1)}, "memory_fraction"),
+        ({"batch_dependence_short_only": True}, "batch_dependence_short_only"),
     ):
         with pytest.raises(ValueError, match=rf"domain\.{field_name}"):
             DomainRandomization(workers=4, **bad)

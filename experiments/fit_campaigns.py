@@ -38,10 +38,13 @@ from sim.fitting.schedules import (
     TARGET_PARAMETERS,
     ScheduleRun,
     TargetFit,
+    calibration_runs,
     crossing,
     fit_intervals_to_target,
     interval_residuals,
     model_intervals,
+    rmse,
+    trained,
 )
 from sim.profile import load_profile
 
@@ -133,9 +136,36 @@ def rms(params: ConvergenceParams, runs: list[ScheduleRun], target: float, max_g
     )
 
 
+def calibration_lines(
+    fit: TargetFit, curves: list[ScheduleRun], target: float, max_gain: float | None
+) -> list[str]:
+    """How the refit reads the profile's own static calibration curves, which its convergence model
+    was first fitted to: accuracy RMSE over every interval of the curves that trained, and the RMS
+    log error of the intervals to the target over those that reach it."""
+    curves = trained(curves)
+    if not curves:
+        return ["The profile holds no calibration curve (`curves.csv`) to re-score.", ""]
+    reaching = [r for r in curves if not math.isnan(crossing(r.val_accuracy, target))]
+    b, a = fit.before, fit.params
+    rows = [
+        ["accuracy RMSE (points), every interval", len(curves), f"{100 * rmse(b, curves):.2f}",
+         f"{100 * rmse(a, curves):.2f}"],
+        ["RMS log error of the intervals to the target", len(reaching), f"{rms(b, reaching, target, max_gain):.3f}",
+         f"{rms(a, reaching, target, max_gain):.3f}"],
+    ]  # fmt: skip
+    return [
+        "The profile's own calibration curves (static batches; the curves that trained), which its model was "
+        "first fitted to, read by the refit:",
+        "",
+        *table(["on the calibration curves", "curves", "profile", "refit"], rows),
+        "",
+    ]
+
+
 def report(
     fit: TargetFit, cfg: DictConfig, target: float, train: list[ScheduleRun], held: list[ScheduleRun],
     fit_dirs: list[Path], held_dirs: list[Path], left: dict[str, int], max_gain: float | None,
+    curves: list[ScheduleRun] = (),
 ) -> str:  # fmt: skip
     b, a = fit.before, fit.params
     rows = [
@@ -192,6 +222,7 @@ def report(
             ),
             "",
         ]
+    lines += calibration_lines(fit, list(curves), target, max_gain)
     lines += [
         f"The refitted profile: `{cfg.out_profile}` (a copy of `{cfg.profile}` with its `{CONVERGENCE_MODELS_FILE}` "
         f"replaced; parameters fitted: {', '.join(TARGET_PARAMETERS)}). The gradient statistics, the ceiling and the "
@@ -231,10 +262,11 @@ def fit_campaigns_app(cfg: DictConfig) -> dict[str, float]:
     if not train:
         raise ValueError(f"no {cfg.backend} run of {[p.name for p in fit_dirs]} reached the target {target}")
     fit = fit_intervals_to_target(params, train, target, max_gain, grid=bool(cfg.grid))
+    curves = calibration_runs(profile_dir / "curves.csv")
     write_profile_copy(profile_dir, Path(to_absolute_path(str(cfg.out_profile))), fit.params, COMMAND)
     atomic_write_text(
         Path(to_absolute_path(str(cfg.report))),
-        report(fit, cfg, target, train, held, fit_dirs, held_dirs, left, max_gain),
+        report(fit, cfg, target, train, held, fit_dirs, held_dirs, left, max_gain, curves),
     )
     return {
         "fit_before": fit.rms_before,

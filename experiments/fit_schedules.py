@@ -20,7 +20,6 @@ from typing import Any
 
 import hydra
 import numpy as np
-import pandas as pd
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
@@ -30,7 +29,16 @@ from experiments.reports.markdown import table
 from experiments.schedules import LADDER_FILE
 from sim.convergence import CONVERGENCE_MODELS_FILE
 from sim.datafiles import dump_json
-from sim.fitting.schedules import FIT_PARAMETERS, ScheduleRun, at_bounds, fit_schedules, rmse
+from sim.fitting.schedules import (
+    FIT_PARAMETERS,
+    TRAINED_PEAK,
+    ScheduleRun,
+    at_bounds,
+    calibration_runs,
+    fit_schedules,
+    rmse,
+    trained,
+)
 from sim.hardware import ComputeModel, ComputeParams
 from sim.profile import load_profile
 
@@ -99,29 +107,6 @@ def refit_step_times(profile_dir: Path, out_dir: Path, interval: int) -> dict[st
     ladder = json.loads(ladder_file.read_text()) if ladder_file.exists() else None
     return {"batches": b.tolist(), "compute_s": t.tolist(), "overhead_s": (before, overhead), "ladder": ladder,
             **refit}  # fmt: skip
-
-
-def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
-    """The profile's static AdaScale calibration curves as runs (every interval of K steps)."""
-    if not curves_csv.exists():
-        return []
-    d = pd.read_csv(curves_csv)
-    out = []
-    for (gb, seed), g in d.groupby(["global_batch", "seed"], sort=True):
-        k = np.diff(np.concatenate([[0], g["steps"].to_numpy()]))
-        if len(set(k.tolist())) != 1:
-            continue
-        out.append(ScheduleRun(f"calibration-{gb}", "adascale", int(seed), int(k[0]),
-                               np.full(len(g), float(gb)), g["val_accuracy"].to_numpy(float)))  # fmt: skip
-    return out
-
-
-#: A calibration curve whose validation accuracy never reached this diverged (it ends at chance).
-TRAINED_PEAK = 0.5
-
-
-def trained(runs: list[ScheduleRun]) -> list[ScheduleRun]:
-    return [r for r in runs if r.val_accuracy.max() >= TRAINED_PEAK]
 
 
 def seed_spread_rmse(runs: list[ScheduleRun]) -> tuple[float, int]:

@@ -30,8 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from sim.convergence import ConvergenceModel, ConvergenceParams
 from sim.fitting.lsq import multi_start_lsq
@@ -71,6 +73,30 @@ class ScheduleRun:
             )
         if self.iterations < 1:
             raise ValueError(f"run {self.name}: iterations must be >= 1, got {self.iterations}")
+
+
+def calibration_runs(curves_csv: Path) -> list[ScheduleRun]:
+    """The profile's static AdaScale calibration curves (its ``curves.csv``) as runs (every interval
+    of K steps; a curve whose steps are not evenly spaced is left out); none when the file is absent."""
+    if not curves_csv.exists():
+        return []
+    d = pd.read_csv(curves_csv)
+    out = []
+    for (gb, seed), g in d.groupby(["global_batch", "seed"], sort=True):
+        k = np.diff(np.concatenate([[0], g["steps"].to_numpy()]))
+        if len(set(k.tolist())) != 1:
+            continue
+        out.append(ScheduleRun(f"calibration-{gb}", "adascale", int(seed), int(k[0]),
+                               np.full(len(g), float(gb)), g["val_accuracy"].to_numpy(float)))  # fmt: skip
+    return out
+
+
+#: A calibration curve whose validation accuracy never reached this diverged (it ends at chance).
+TRAINED_PEAK = 0.5
+
+
+def trained(runs: list[ScheduleRun]) -> list[ScheduleRun]:
+    return [r for r in runs if r.val_accuracy.max() >= TRAINED_PEAK]
 
 
 def replay(model: ConvergenceModel, run: ScheduleRun) -> np.ndarray:

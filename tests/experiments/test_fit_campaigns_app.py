@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.fit_campaigns import campaign_dirs, fit_campaigns_app, load_campaign_runs
 from sim.convergence import ConvergenceModel
-from sim.fitting.schedules import ScheduleRun, replay, with_target_vector
+from sim.fitting.schedules import ScheduleRun, calibration_runs, replay, rmse, trained, with_target_vector
 from sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,11 @@ def test_the_refit_profile_predicts_the_held_out_campaign(tmp_path):
     assert "Left out: 2 rolled back; 0 never reached the target." in text  # c_2's dlb, both seeds
     assert "Held-out campaigns:" in text and "| universal-ft | 2 |" in text
     assert not (tmp_path / "refit.tmp").exists()
+    # the profile's own static curves, re-scored under the refit beside the profile's model
+    curves = trained(calibration_runs(PROFILE / "curves.csv"))
+    before = load_profile(PROFILE).convergence_params(refit.workload.convergence)
+    row = f"| accuracy RMSE (points), every interval | {len(curves)} | {100 * rmse(before, curves):.2f} | "
+    assert curves and row + f"{100 * rmse(params, curves):.2f} |" in text
 
 
 def test_the_runs_of_one_campaign_are_the_real_ones_that_reached_the_target(tmp_path):

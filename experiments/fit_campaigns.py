@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +138,12 @@ def rms(params: ConvergenceParams, runs: list[ScheduleRun], target: float, max_g
 
 
 def calibration_lines(
-    fit: TargetFit, curves: list[ScheduleRun], target: float, max_gain: float | None
+    fit: TargetFit, curves: Sequence[ScheduleRun], target: float, max_gain: float | None
 ) -> list[str]:
     """How the refit reads the profile's own static calibration curves, which its convergence model
     was first fitted to: accuracy RMSE over every interval of the curves that trained, and the RMS
     log error of the intervals to the target over those that reach it."""
-    curves = trained(curves)
+    curves = trained(list(curves))
     if not curves:
         return ["The profile holds no calibration curve (`curves.csv`) to re-score.", ""]
     reaching = [r for r in curves if not math.isnan(crossing(r.val_accuracy, target))]
@@ -165,7 +166,7 @@ def calibration_lines(
 def report(
     fit: TargetFit, cfg: DictConfig, target: float, train: list[ScheduleRun], held: list[ScheduleRun],
     fit_dirs: list[Path], held_dirs: list[Path], left: dict[str, int], max_gain: float | None,
-    curves: list[ScheduleRun] = (),
+    curves: Sequence[ScheduleRun] = (),
 ) -> str:  # fmt: skip
     b, a = fit.before, fit.params
     rows = [
@@ -222,7 +223,7 @@ def report(
             ),
             "",
         ]
-    lines += calibration_lines(fit, list(curves), target, max_gain)
+    lines += calibration_lines(fit, curves, target, max_gain)
     lines += [
         f"The refitted profile: `{cfg.out_profile}` (a copy of `{cfg.profile}` with its `{CONVERGENCE_MODELS_FILE}` "
         f"replaced; parameters fitted: {', '.join(TARGET_PARAMETERS)}). The gradient statistics, the ceiling and the "

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,15 @@ import sim
 from dynamix_gym.configs import plain
 from sim.datafiles import atomic_write_text
 
-__all__ = ["REPO_ROOT", "atomic_write_text", "describe_file", "hydra_app", "plain", "shown"]
+__all__ = [
+    "REPO_ROOT",
+    "atomic_write_text",
+    "describe_file",
+    "hydra_app",
+    "plain",
+    "shown",
+    "write_profile_copy",
+]
 
 REPO_ROOT = Path(sim.__file__).resolve().parent.parent
 
@@ -55,10 +66,7 @@ def write_profile_copy(
     ``convergence`` (a :class:`sim.convergence.ConvergenceParams`) and ``edit(copy)`` applied, put in
     place only once the simulator loads it: built beside ``out`` first, so that a failure leaves
     ``out`` as it was and nothing half-written. Returns what ``edit`` returned (None without one)."""
-    import json
-    import shutil
-    from dataclasses import asdict
-
+    # imported here: every app imports this module, and the profile loader costs ~0.15 s to import
     from sim.convergence import CONVERGENCE_MODELS_FILE
     from sim.profile import load_profile
 

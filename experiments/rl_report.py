@@ -20,7 +20,9 @@ machine's load, not the run, set when) has no ``train_summary.json``: its histor
 validation scalars of its TensorBoard log (``eval/tta_min_*``), the points up to ``max_steps``.
 
 Run folders (``runs/``) are not committed: each run's summary is copied into ``out_dir/runs/`` and
-each benchmark summary into ``out_dir/bench/``, and read from there when the folders are absent.
+each benchmark summary into ``out_dir/bench/``, and read from there when the folders are absent (both
+committed). A run with neither its folder nor a copy (the copies were once left out of git) is read
+back from the committed ``curves.csv``, which holds every validation point of every run.
 """
 
 from __future__ import annotations
@@ -80,6 +82,26 @@ def history_from_tensorboard(run_dir: Path, max_steps: int) -> dict[str, Any]:
     return {"history": history, "timesteps": history[-1]["timesteps"], "stopped_after_steps": max_steps}
 
 
+def history_from_curves(curves: Path, label: str) -> dict[str, Any] | None:
+    """A run's validation history as the committed ``curves.csv`` holds it (one row per validation
+    point), or ``None`` when the file has no row for ``label``: the fallback for a run whose folder
+    and summary copy are both gone (copies written before ``out_dir/runs/`` was kept in git)."""
+    if not curves.is_file():
+        return None
+    with curves.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["run"] == label]
+    if not rows:
+        return None
+    history = []
+    for r in sorted(rows, key=lambda r: int(r["steps"])):
+        tta = {k[: -len("_min")]: 60.0 * float(v) for k, v in r.items()
+               if k.endswith("_min") and k != "validation_min" and v != ""}  # fmt: skip
+        history.append(
+            {"timesteps": int(r["steps"]), "tta_s": tta, "mean_tta_s": 60.0 * float(r["validation_min"])}
+        )
+    return {"history": history, "timesteps": history[-1]["timesteps"], "from": "curves.csv"}
+
+
 def load_arm_runs(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
     """Every run of every arm: its validation history and its train-split (and test-split) summary."""
     bench_root = Path(to_absolute_path(str(cfg.benchmark_root)))
@@ -95,6 +117,11 @@ def load_arm_runs(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     history = history_from_tensorboard(run_dir, int(run.max_steps))
                     atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
+                elif not src.is_file() and not dst.is_file():
+                    history = history_from_curves(out / "curves.csv", label)
+                    if history is not None:
+                        dst.parent.mkdir(parents=True, exist_ok=True)
+                        atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
                 rec["run"] = json.loads(_copied(src, dst).read_text())
             for split in ("train", "test"):
                 src = bench_root / label / split / "summary.json"

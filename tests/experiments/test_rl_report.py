@@ -102,3 +102,24 @@ def test_a_run_stopped_by_hand_is_read_from_its_validation_scalars_up_to_the_bud
     assert [p["timesteps"] for p in saved["history"]] == [500, 1000] and saved["stopped_after_steps"] == 1000
     assert saved["history"][1]["mean_tta_s"] == pytest.approx(60.0 * 2.0)  # geomean of 1 and 4 minutes
     assert saved["history"][0]["tta_s"] == pytest.approx({"a": 120.0, "b": 480.0})
+
+
+def test_a_run_with_neither_folder_nor_copy_is_read_back_from_the_committed_curves(tmp_path):
+    ws = _run(tmp_path, "ws", [(0, 600.0), (100, 540.0)], 1.20)
+    cfg = _config(tmp_path, [f"{{name: ws, description: d, runs: [{ws}]}}"])
+    rl_report_app(cfg)
+    out = tmp_path / "out"
+    md, curves = (out / "README.md").read_text(), (out / "curves.csv").read_text()
+    # a checkout from before the copies were kept: the run folder and the copy are both gone
+    (tmp_path / "runs" / "ws" / "train_summary.json").unlink()
+    (out / "runs" / "ws.json").unlink()
+    rl_report_app(cfg)
+    assert (out / "README.md").read_text() == md and (out / "curves.csv").read_text() == curves
+    saved = json.loads((out / "runs" / "ws.json").read_text())
+    assert saved["from"] == "curves.csv" and [p["timesteps"] for p in saved["history"]] == [0, 100]
+    assert saved["history"][1]["tta_s"] == pytest.approx({"a": 540.0, "b": 1080.0})
+    # without the curves either, it is an error that names what to do
+    (out / "runs" / "ws.json").unlink()
+    (out / "curves.csv").unlink()
+    with pytest.raises(FileNotFoundError, match="run it first"):
+        rl_report_app(cfg)

@@ -165,6 +165,7 @@ def plot(rows: list[dict[str, Any]], arms: list[str], out: Path, relative: list[
 
     fig, (ax, rel) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    span = 5.0  # the right panel's +- range (%), widened to the largest move shown
     for k, arm in enumerate(arms):
         runs = sorted({r["run"] for r in rows if r["arm"] == arm})
         for j, run in enumerate(runs):
@@ -177,12 +178,14 @@ def plot(rows: list[dict[str, Any]], arms: list[str], out: Path, relative: list[
             )
             ax.plot(x / 1e6, y, **style)
             if arm in relative:
-                rel.plot(x / 1e6, 100.0 * (y / y[0] - 1.0), **style)
+                moved = 100.0 * (y / y[0] - 1.0)
+                rel.plot(x / 1e6, moved, **style)
+                span = max(span, float(np.ceil(np.abs(moved).max() * 1.1)))
     ax.set_ylabel("validation: geomean time to accuracy (min)")
     ax.set_yscale("log")
     rel.set_ylabel("validation against the run's first point (%)")
     rel.axhline(0.0, color="grey", lw=0.8)
-    rel.set_ylim(-5, 5)
+    rel.set_ylim(-span, span)
     for a in (ax, rel):
         a.set_xlabel("PPO steps (millions)")
         a.grid(True, alpha=0.3)

@@ -113,15 +113,14 @@ def load_arm_runs(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
             if run.get("run_dir"):
                 run_dir = Path(to_absolute_path(str(run.run_dir)))
                 src, dst = run_dir / "train_summary.json", out / "runs" / f"{label}.json"
+                history = None
                 if run.get("max_steps") and not src.is_file() and (run_dir / "tb").is_dir():
-                    dst.parent.mkdir(parents=True, exist_ok=True)
                     history = history_from_tensorboard(run_dir, int(run.max_steps))
-                    atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
                 elif not src.is_file() and not dst.is_file():
                     history = history_from_curves(out / "curves.csv", label)
-                    if history is not None:
-                        dst.parent.mkdir(parents=True, exist_ok=True)
-                        atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
+                if history is not None:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_text(dst, json.dumps(history, indent=1) + "\n")
                 rec["run"] = json.loads(_copied(src, dst).read_text())
             for split in ("train", "test"):
                 src = bench_root / label / split / "summary.json"

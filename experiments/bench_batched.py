@@ -12,8 +12,9 @@ the batch (``noise="batch"``, the fast path) and with each cluster's own stream 
 the per-cluster env's numbers). Measurements alternate in rounds so that machine load hits all
 alike; the fastest round of each is kept, by wall clock and by the process's CPU time (on a loaded
 machine the second is the steadier). Beside each batch size: the rate of the batch's random draws
-alone (one ``BatchNoise.draw`` per step, the same normals and gammas for every worker-iteration that
-the per-cluster engine draws), which bounds what any arrangement of the arithmetic can reach.
+alone (one ``BatchNoise.draw`` per step: a normal of compute noise for every worker-iteration, as the
+per-cluster engine draws, and two draws per worker for the gradient factors the engine draws per
+worker-iteration), which bounds what any arrangement of the arithmetic can reach.
 Memory: the peak that ``tracemalloc`` (which traces numpy's buffers) sees while the batched env is
 built, reset and stepped, and the growth of the process's resident set (psutil) meanwhile (a lower
 bound: the allocator reuses what earlier measurements freed).

@@ -157,7 +157,10 @@ class DDPBackend(BackendState):
             time_scale=cfg.fault_time_scale,
             emulate_app=cfg.emulate_app,
         )
+        #: the learning-rate rule's noise-scale estimate, from the intervals after the run's first
+        #: ``lr_noise_warmup`` (the guards' ``lr_gain_warmup``: the first one's overshoots)
         self.noise = NoiseScaleEstimator(cfg.noise_smoothing)
+        self.lr_noise_warmup = cfg.guards.gain_warmup()
         #: name -> callable returning picklable state, saved with every checkpoint (e.g. a controller).
         self.extra_state: dict[str, Callable[[], Any]] = {}
         #: the ``extra_state`` values of the checkpoint the last ``reset`` resumed from.
@@ -470,9 +473,12 @@ class DDPBackend(BackendState):
         snap1 = HostSnapshot.take()
         t_end = time.perf_counter()
         report = self._report(b, faults, replies, k_iters, t_end - t_start, changed, snap0, snap1)
+        #: the learning rate of the interval's last iteration (every rank steps the same rates)
+        self.last_lr = float(replies[0]["lr"])
         self._last_batches = b
         self._intervals += 1
-        self.noise.update(report)
+        if self._intervals > self.lr_noise_warmup:  # counted from the run's start, also after a resume
+            self.noise.update(report)
         self._last_comm_s = report.comm_time_s
         if cfg.checkpoint_every and self._intervals % cfg.checkpoint_every == 0:
             self.save_checkpoint()

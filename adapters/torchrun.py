@@ -210,8 +210,10 @@ class DynamixController:
             metric=metric,
             lr_rule=lr_rule,
         )
-        self.noise = NoiseScaleEstimator()
         self.guard = Guard(guards)
+        #: the learning-rate rule's noise-scale estimate, from the intervals after the run's first
+        #: (the guards' ``lr_gain_warmup``: the first one's overshoots)
+        self.noise = NoiseScaleEstimator()
         self.ramp = LRRamp(self.guard.config.ramp_iters())
         self.snapshot = StateSnapshot()  # every rank's last good training state (the guards')
         self._sampler: DynamicBatchSampler | None = None
@@ -438,7 +440,8 @@ class DynamixController:
             rows = torch.stack(gathered).cpu().numpy()
             report = self._report(rows, interval_s)
             self.last_report = report
-            self.noise.update(report)
+            if self.decisions >= self.guard.config.gain_warmup():  # decisions: intervals run so far
+                self.noise.update(report)
             new, stop, verdict = self.decider.decide(report, self.batches, self.decisions)
             if verdict == "snapshot":  # the guards' snapshot and rollback of the noise estimate
                 self._snapshot_noise = (self.noise.grad_sqr, self.noise.trace_sigma)

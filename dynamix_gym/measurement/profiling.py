@@ -348,7 +348,7 @@ def measure_curve(
 
     Progress counts ``estimated_adascale_gain`` per step with the noise scale estimated from the reports
     exactly as the real backend's learning-rate rule does (an EMA of the two-batch estimates of
-    the previous intervals, weight ``noise_smoothing``). Each row records that EMA (``grad_sqr``,
+    the previous intervals, weight ``noise_smoothing``, after the first ones its guards leave out). Each row records that EMA (``grad_sqr``,
     ``grad_var``, ``noise_scale``) and the interval's own two-batch estimates (``grad_sqr_raw``,
     ``grad_var_raw``: what the simulator's gradient statistics stand for, since an env smooths a
     simulated report exactly as it smooths a real one).
@@ -358,6 +358,8 @@ def measure_curve(
     batches = np.full(n, int(local_batch), dtype=np.int64)
     m0 = spec.base_batch
     est = NoiseScaleEstimator(noise_smoothing)
+    # a real backend's rule leaves out its first intervals' estimates (sim.guards.GuardConfig.lr_gain_warmup)
+    warmup = int(getattr(backend, "lr_noise_warmup", 0))
     backend.reset(seed=seed)
     rows: list[dict[str, Any]] = []
     steps, prog = 0, 0.0
@@ -368,7 +370,8 @@ def measure_curve(
         gain = estimated_adascale_gain(float(batches.sum()), m0, est.noise_scale)
         report = backend.run_interval(batches, iterations)
         raw = two_batch_estimates(report)
-        est.update(report)
+        if len(rows) >= warmup:
+            est.update(report)
         alive = report.alive
         steps += iterations
         prog += iterations * gain

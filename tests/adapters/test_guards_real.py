@@ -81,6 +81,27 @@ def test_watching_guards_leave_a_run_bit_for_bit_unchanged():
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
+def test_the_first_intervals_noise_estimate_does_not_raise_the_rate():
+    # AdaScale at the job's batch, twice the base one: the gain rests on the noise-scale estimate, whose
+    # first interval after initialisation overshoots; the guards drop it, so the rate stays the base
+    # one through the second interval, and rises (the batch unchanged: at once) at the third.
+    job = {**RECKLESS_JOB, "lr_rule": "adascale", "initial_batch": 32}
+    rates = {}
+    for label, guards in (("default", None), ("kept", {"lr_gain_warmup": 0})):
+        backend = DDPBackend(**job, guards=guards)
+        try:
+            backend.reset(seed=0)
+            rates[label] = []
+            for _ in range(3):
+                backend.run_interval(np.array([32, 32]), 5)
+                rates[label].append(backend.last_lr)
+        finally:
+            backend.close()
+    base = job["base_lr"]
+    assert rates["default"][:2] == [base, base] and rates["default"][2] > base, rates
+    assert rates["kept"][0] == base and rates["kept"][1] > base, rates
+
+
 def _dropin(guards, steps: int = 400) -> dict:
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)

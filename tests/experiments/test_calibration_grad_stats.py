@@ -84,6 +84,19 @@ def test_a_curve_run_records_each_intervals_own_estimates_beside_the_moving_aver
     assert raw[0] == pytest.approx(first[0])
 
 
+def test_a_curve_run_leaves_out_the_first_intervals_estimate_as_the_real_rule_does():
+    # a real backend whose guards leave the first interval's noise-scale estimate out of its rule
+    # (sim.guards.GuardConfig.lr_gain_warmup) is replayed with the same gains
+    backend = SimBackend("t4v100", "cifar10", "static_hetero")
+    backend.lr_noise_warmup = 1
+    run = measure_curve(backend, 64, seed=3, iterations=10, progress_target=200.0, noise_smoothing=0.2)
+    rows = run.rows
+    assert np.isnan(rows[0]["grad_sqr"]) and np.isfinite(rows[0]["grad_sqr_raw"])
+    assert rows[1]["grad_sqr"] == pytest.approx(rows[1]["grad_sqr_raw"])  # the average starts there
+    assert rows[1]["progress"] == pytest.approx(20.0)  # gain 1 through the second interval
+    assert rows[2]["progress"] > 30.0  # then the estimate's gain (the global batch is above the base)
+
+
 def test_an_episode_timeline_records_each_workers_gradient_norm_statistics():
     """A campaign's timelines keep what the policies' gradient features are computed from, so the
     simulator's gradient model can be fitted to real runs later."""

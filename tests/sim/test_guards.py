@@ -19,6 +19,8 @@ from sim.guards import Guard, GuardConfig, LRRamp, Watchdog, capped_lr_gain
         ("max_lr_gain", math.inf, "a finite number"),
         ("lr_ramp_iters", -1, "an integer >= 0"),
         ("lr_ramp_iters", 2.5, "an integer >= 0"),
+        ("lr_gain_warmup", -1, "an integer >= 0"),
+        ("lr_gain_warmup", True, "an integer >= 0"),
         ("quality_drop", 0.0, "(0, 1]"),
         ("quality_drop", 1.5, "(0, 1]"),
         ("loss_factor", 1.0, "> 1"),
@@ -51,6 +53,8 @@ def test_the_cap_applies_only_when_acting():
     assert GuardConfig().lr_gain(8.0) == 2.0
     assert GuardConfig(mode="watch").lr_gain(8.0) == 8.0
     assert GuardConfig(mode="off").ramp_iters() == 0
+    assert GuardConfig().gain_warmup() == 1
+    assert GuardConfig(mode="watch").gain_warmup() == 0  # watching changes nothing
 
 
 def test_the_ramp_rises_linearly_restarts_from_where_it_is_and_falls_at_once():

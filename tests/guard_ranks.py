@@ -38,3 +38,31 @@ def dropin_rank(rank: int, world: int, port: int, guards: Any, steps: int, out: 
         out.put({"done": ctl.done, "accs": accs, "guard": ctl.guard.summary(),
                  "events": [e.describe() for e in ctl.guard.events]})  # fmt: skip
     dist.destroy_process_group()
+
+
+def dropin_lr_rank(rank: int, world: int, port: int, guards: Any, steps: int, out: Any) -> None:
+    """One rank of a drop-in job at the job's batch held (32 per rank, twice the base) under AdaScale:
+    rank 0 reports the rate the rule asked for after each decision."""
+    from adapters.examples.common import classification_step, cnn_job
+    from adapters.torchrun import DynamixController
+    from dynamix_gym.controllers.static import StaticController
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, False, timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    model, opt, dataset, evaluate, _ = cnn_job("digits", lr=0.1)
+    ctl = DynamixController(
+        model, opt, policy=StaticController(32), interval=5, base_batch=32, min_batch=8, max_batch=256,
+        initial_batch=32, lr_rule="adascale", evaluate=evaluate, target_accuracy=0.99, guards=guards,
+    )  # fmt: skip
+    rates = []
+    for step, (x, y) in enumerate(DataLoader(dataset, batch_sampler=ctl.batch_sampler(len(dataset)))):
+        if step >= steps or ctl.done:
+            break
+        decided = ctl.decisions
+        classification_step(ctl, model, opt, x, y)
+        if ctl.decisions > decided:
+            rates.append(ctl.lr)
+    if rank == 0:
+        out.put({"rates": rates})
+    dist.destroy_process_group()

@@ -10,7 +10,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 import torch.distributed as dist
-from guard_ranks import dropin_rank
+from guard_ranks import dropin_lr_rank, dropin_rank
 
 from adapters.ddp_backend import DDPBackend
 from dynamix_gym.controllers.reckless import RecklessController
@@ -102,11 +102,11 @@ def test_the_first_intervals_noise_estimate_does_not_raise_the_rate():
     assert rates["kept"][0] == base and rates["kept"][1] > base, rates
 
 
-def _dropin(guards, steps: int = 400) -> dict:
+def _dropin(guards, steps: int = 400, rank_fn=dropin_rank) -> dict:
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
     out = ctx.Queue()
-    procs = [ctx.Process(target=dropin_rank, args=(r, 2, store.port, guards, steps, out)) for r in range(2)]
+    procs = [ctx.Process(target=rank_fn, args=(r, 2, store.port, guards, steps, out)) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -116,6 +116,15 @@ def _dropin(guards, steps: int = 400) -> dict:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+def test_the_drop_in_leaves_the_first_intervals_noise_estimate_out_of_the_rate():
+    # the drop-in's rule as the backend's (the test above): the rate its first decision sets for the
+    # second interval is the base one; the second decision's rises
+    rates = {label: _dropin(guards, steps=10, rank_fn=dropin_lr_rank)["rates"]
+             for label, guards in (("default", None), ("kept", {"lr_gain_warmup": 0}))}  # fmt: skip
+    assert rates["default"][0] == 0.1 and rates["default"][1] > 0.1, rates
+    assert rates["kept"][0] > 0.1, rates
 
 
 @pytest.mark.slow  # 30 s of real ranks; the env-level guard tests above run in make test

@@ -75,8 +75,8 @@ class GuardConfig:
             it would do, changes nothing) or ``"off"``.
         max_lr_gain: cap on the LR rule's multiplier of the base learning rate, >= 1; ``None``: no cap.
         lr_ramp_iters: iterations over which the learning rate moves to a new value (0: at once).
-        lr_gain_warmup: intervals whose noise-scale estimates the LR rule's estimator drops at the start
-            of a run (>= 0; 0: none), so that its gain stays 1 through them and the next interval.
+        lr_gain_warmup: intervals at a run's start whose noise-scale estimates the LR rule leaves out
+            (>= 0; 0: none), so that its gain stays 1 through them and the next interval.
         quality_drop: validation quality below its best by more than this (a fraction, (0, 1]) is bad.
         loss_factor: validation loss above this multiple (> 1) of its lowest is bad; ``None``: not watched.
         patience: bad intervals in a row that fire the watchdog (>= 1).
@@ -174,7 +174,7 @@ class GuardConfig:
         return self.lr_ramp_iters if self.acts else 0
 
     def gain_warmup(self) -> int:
-        """Estimates the LR rule's noise-scale estimator drops at a run's start (none unless acting)."""
+        """Intervals at a run's start whose noise-scale estimates the LR rule leaves out (none unless acting)."""
         return self.lr_gain_warmup if self.acts else 0
 
 

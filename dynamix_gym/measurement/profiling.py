@@ -348,10 +348,11 @@ def measure_curve(
 
     Progress counts ``estimated_adascale_gain`` per step with the noise scale estimated from the reports
     exactly as the real backend's learning-rate rule does (an EMA of the two-batch estimates of
-    the previous intervals, weight ``noise_smoothing``, after the first ones its guards leave out). Each row records that EMA (``grad_sqr``,
-    ``grad_var``, ``noise_scale``) and the interval's own two-batch estimates (``grad_sqr_raw``,
-    ``grad_var_raw``: what the simulator's gradient statistics stand for, since an env smooths a
-    simulated report exactly as it smooths a real one).
+    the previous intervals, weight ``noise_smoothing``, leaving out the run's first intervals as its
+    guards do). Each row records that EMA (``grad_sqr``, ``grad_var``, ``noise_scale``) and the
+    interval's own two-batch estimates (``grad_sqr_raw``, ``grad_var_raw``: what the simulator's
+    gradient statistics stand for, since an env smooths a simulated report exactly as it smooths a
+    real one).
     """
     spec = backend.spec
     n = spec.num_workers
